@@ -1,0 +1,3 @@
+from cifarkit.cli import main
+
+raise SystemExit(main())

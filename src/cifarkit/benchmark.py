@@ -1,0 +1,61 @@
+"""`cifarkit bench`: training throughput (img/s) per model and precision, measured through the real training step.
+
+Synthetic uint8 images go through the same augmentation, autocast, backward and optimizer step as a real run.
+Configurations are measured in interleaved rounds and the median is kept, so a noisy neighbour on a shared machine
+slows every configuration alike instead of one of them; compare the ratios, which come from one run.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from cifarkit import models
+from cifarkit.config import AugmentConfig, CIFAR10_MEAN, CIFAR10_STD, OptimConfig, ScheduleConfig
+from cifarkit.data import augment, train_batches
+from cifarkit.device import configure, pick_precision
+from cifarkit.engine import TrainState, train_one_epoch
+from cifarkit.optim import build_optimizer, build_schedule
+
+MODES = {"fp32": ("fp32", False), "fp32+cl": ("fp32", True), "bf16+cl": ("bf16", True), "fp16+cl": ("fp16", True)}
+
+
+def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, steps: int) -> float:
+    precision_name, channels_last = MODES[mode]
+    precision = pick_precision(precision_name, device)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    torch.manual_seed(0)
+    model = models.create(model_name).to(device).to(memory_format=memory_format)
+    optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=0.01))
+    state = TrainState(model, model, optimizer, build_schedule(optimizer, ScheduleConfig(), 1, steps + 1),
+                       torch.amp.GradScaler(device.type, enabled=precision.grad_scaler), None)
+    generator = torch.Generator(device=device).manual_seed(0)
+    images = torch.randint(0, 256, ((steps + 1) * batch_size, 3, 32, 32), dtype=torch.uint8, device=device)
+    labels = torch.randint(0, 10, (len(images),), device=device)
+    aug = AugmentConfig(crop_pad=4, flip=True)
+
+    def prepare(x):
+        return augment(x, aug, CIFAR10_MEAN, CIFAR10_STD, generator).contiguous(memory_format=memory_format)
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    batches = train_batches(images, labels, batch_size, generator)
+    # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
+    train_one_epoch(state, [next(batches)], 1, batch_size, prepare, loss_fn, device, precision, None)
+    stats = train_one_epoch(state, batches, steps, batch_size, prepare, loss_fn, device, precision, None)
+    return stats["images_per_s"]
+
+
+def train_throughput(model_names, modes, device: torch.device, batch_size: int = 128, steps: int = 10,
+                     rounds: int = 3) -> list[dict]:
+    configure(device)
+    samples = {(m, mode): [] for m in model_names for mode in modes}
+    for _ in range(rounds):
+        for key in samples:
+            samples[key].append(_measure(*key, device, batch_size, steps))
+    rows = []
+    for (model_name, mode), values in samples.items():
+        baseline = statistics.median(samples[(model_name, modes[0])])
+        median = statistics.median(values)
+        rows.append({"model": model_name, "mode": mode, "images_per_s": median, "samples": values,
+                     f"speedup_vs_{modes[0]}": median / baseline})
+    return rows

@@ -1,0 +1,95 @@
+"""Atomic save and load of the full training state (for exact resume) and of bare weights (for use).
+
+Checkpoints hold state_dicts and plain data only, so they load with `weights_only=True`: no pickled objects.
+Weights files are safetensors whose metadata names the model and its preprocessing, so they rebuild alone.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from cifarkit import models
+from cifarkit.engine import TrainState
+from cifarkit.errors import CifarkitError
+from cifarkit.files import atomic_path
+
+
+def rng_states() -> dict:
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: dict) -> None:
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_training(path: Path, state: TrainState, epoch: int, extra: dict) -> None:
+    payload = {
+        "epoch": epoch,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "scaler": state.scaler.state_dict(),
+        "ema": state.ema.state_dict() if state.ema is not None else None,
+        "rng": rng_states(),
+        **extra,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_training(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as e:
+        raise CifarkitError(f"no checkpoint at {path}; the run was stopped before its first epoch ended") from e
+    except Exception as e:
+        raise CifarkitError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e})") from e
+
+
+def restore_training(state: TrainState, payload: dict) -> None:
+    state.model.load_state_dict(payload["model"])
+    state.optimizer.load_state_dict(payload["optimizer"])
+    state.scheduler.load_state_dict(payload["scheduler"])
+    state.scaler.load_state_dict(payload["scaler"])
+    if state.ema is not None:
+        state.ema.load_state_dict(payload["ema"])
+    restore_rng(payload["rng"])
+
+
+def save_weights(path: Path, model: torch.nn.Module, model_name: str, mean, std, **info) -> None:
+    """Weights plus what inference needs to rebuild and feed the model, in the file's own metadata."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {"model": model_name, "mean": json.dumps(list(mean)), "std": json.dumps(list(std)),
+                **{k: json.dumps(v) for k, v in info.items()}}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def load_weights(path: Path) -> tuple[torch.nn.Module, dict]:
+    """(model in eval mode on the CPU, metadata with mean/std decoded)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = dict(f.metadata() or {})
+        tensors = load_file(str(path))
+    except FileNotFoundError as e:
+        raise CifarkitError(f"no weights at {path}; give a run folder or a .safetensors file") from e
+    except Exception as e:
+        raise CifarkitError(f"{path} is not a readable safetensors file ({e})") from e
+    if "model" not in meta:
+        raise CifarkitError(f"{path} does not name its model in its metadata; it was not written by cifarkit")
+    model = models.create(meta["model"])
+    model.load_state_dict(tensors)
+    meta = {k: (v if k == "model" else json.loads(v)) for k, v in meta.items()}
+    return model.eval(), meta

@@ -1,0 +1,215 @@
+"""The `cifarkit` command: parses arguments and calls the stages, nothing more."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from cifarkit.errors import CifarkitError
+
+DEFAULT_RECIPE = "cifar10net"  # the best recipe available until a faster one lands
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def cmd_env(args) -> None:
+    from cifarkit.device import describe, pick_device, report
+    info = report(pick_device("auto"))
+    if args.json:
+        _print_json(info)
+    else:
+        print("\n".join(describe(info)))
+
+
+def cmd_models(args) -> None:
+    from cifarkit import models
+    rows = []
+    for name in models.names():
+        model = models.create(name)
+        rows.append({"name": name, "params": models.count_params(model), "macs": models.count_macs(model)})
+    if args.json:
+        _print_json(rows)
+        return
+    print(f"{'model':<12} {'params':>12} {'MACs/image':>14}")
+    for r in rows:
+        print(f"{r['name']:<12} {r['params']:>12,} {r['macs']:>14,}")
+
+
+def cmd_recipes(args) -> None:
+    from cifarkit.config import builtin_recipes, load_recipe
+    for name in sorted(builtin_recipes()):
+        default = " (default)" if name == DEFAULT_RECIPE else ""
+        print(f"{name:<16} {load_recipe(name).description}{default}")
+
+
+def cmd_data_import(args) -> None:
+    from cifarkit import data
+    dataset = data.import_data(args.path)
+    print(f"imported {len(dataset.train_y):,} train and {len(dataset.test_y):,} test images into {data.cache_path()}")
+    print(f"content sha256 {dataset.sha256}")
+
+
+def cmd_data_info(args) -> None:
+    import torch
+    from cifarkit import data
+    dataset = data.load()
+    info = {"source": dataset.source, "cache": str(data.cache_path()), "sha256": dataset.sha256, "splits": {}}
+    for split, x, y in (("train", dataset.train_x, dataset.train_y), ("test", dataset.test_x, dataset.test_y)):
+        counts = torch.bincount(y, minlength=10).tolist()
+        info["splits"][split] = {"images": len(y), "per_class": dict(zip(data.CLASSES, counts)),
+                                 "images_sha256": data.content_sha256(x), "labels_sha256": data.content_sha256(y)}
+    if args.json:
+        _print_json(info)
+        return
+    print(f"source: {info['source']}\ncache: {info['cache']}\ncontent sha256: {info['sha256']}")
+    for split, s in info["splits"].items():
+        print(f"{split}: {s['images']:,} images; images sha256 {s['images_sha256']}, labels sha256 {s['labels_sha256']}")
+        print("  " + ", ".join(f"{name} {count}" for name, count in s["per_class"].items()))
+
+
+def cmd_data_show(args) -> None:
+    import torch
+    from cifarkit import data, plots
+    dataset = data.load()
+    x, y = (dataset.train_x, dataset.train_y) if args.split == "train" else (dataset.test_x, dataset.test_y)
+    idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(args.seed))[:args.count]
+    plots.sample_grid(x[idx], y[idx], data.CLASSES, Path(args.out))
+    print(f"wrote {args.out} ({len(idx)} {args.split} images)")
+
+
+SHORTCUTS = {"epochs": "train.epochs", "batch_size": "train.batch_size", "lr": "optim.lr", "seed": "train.seed",
+             "subset": "data.subset", "device": "train.device", "precision": "train.precision"}
+
+
+def cmd_train(args) -> None:
+    from cifarkit import train
+    from cifarkit.config import load_recipe
+    if args.resume:
+        changed = [f"--{k.replace('_', '-')}" for k in SHORTCUTS if getattr(args, k) is not None]
+        if args.recipe or args.set or args.out or args.compile or changed:
+            raise CifarkitError("--resume continues a run exactly as configured; drop the other options")
+        train.run(resume=Path(args.resume))
+        return
+    overrides = list(args.set)
+    overrides += [f"{key}={getattr(args, flag)}" for flag, key in SHORTCUTS.items() if getattr(args, flag) is not None]
+    if args.compile:
+        overrides.append("train.compile=true")
+    recipe = load_recipe(args.recipe or DEFAULT_RECIPE, overrides)
+    train.run(recipe, out=Path(args.out) if args.out else None)
+
+
+def cmd_eval(args) -> None:
+    from cifarkit.evaluation import evaluate_weights
+    result = evaluate_weights(Path(args.target), tta=args.tta, device=args.device,
+                              figure=Path(args.figure) if args.figure else None)
+    if args.json:
+        _print_json(result)
+        return
+    print(f"{result['model']} on {result['test_images']:,} test images ({result['device']}, {result['precision']}"
+          f"{', TTA' if args.tta else ''}): accuracy {100 * result['test_acc']:.2f}%, loss {result['test_loss']:.4f}")
+    for name, acc in result["per_class_acc"].items():
+        print(f"  {name:<11} {100 * acc:6.2f}%")
+    print(f"confusion matrix: {result['confusion_png']}")
+
+
+def cmd_bench(args) -> None:
+    from cifarkit.benchmark import train_throughput
+    from cifarkit.device import describe, pick_device, report
+    from cifarkit.files import write_json
+    device = pick_device(args.device)
+    rows = train_throughput(args.models, args.modes, device, args.batch_size, args.steps, args.rounds)
+    env = report(device)
+    print("\n".join(describe(env)))
+    print(f"\ntraining throughput, batch {args.batch_size}, median of {args.rounds} rounds of {args.steps} steps")
+    print(f"| model | mode | img/s | vs {args.modes[0]} |\n|---|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['mode']} | {r['images_per_s']:.0f} | {r[f'speedup_vs_{args.modes[0]}']:.2f}x |")
+    if args.json:
+        write_json(args.json, {"environment": env, "batch_size": args.batch_size, "steps": args.steps,
+                               "rounds": args.rounds, "results": rows})
+        print(f"wrote {args.json}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cifarkit import __version__
+    from cifarkit.benchmark import MODES
+    from cifarkit.models import names
+    parser = argparse.ArgumentParser(prog="cifarkit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"cifarkit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("env", help="report the device, CUDA/cuDNN, bf16 support and threads")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("models", help="list the registered models with parameters and MACs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    sub.add_parser("recipes", help="list the built-in recipes").set_defaults(func=cmd_recipes)
+
+    data_parser = sub.add_parser("data", help="import, inspect and show CIFAR-10")
+    data_sub = data_parser.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("import", help="verify an archive or folder in the python layout and cache it")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_data_import)
+    p = data_sub.add_parser("info", help="counts per split and class, content sha256")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_data_info)
+    p = data_sub.add_parser("show", help="write a labelled grid of sample images")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--split", choices=("train", "test"), default="train")
+    p.add_argument("--count", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_data_show)
+
+    p = sub.add_parser("train", help=f"train a recipe (default: {DEFAULT_RECIPE})")
+    p.add_argument("--recipe", help="built-in recipe name or YAML path")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. --set optim.weight_decay=5e-4 (repeatable)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--subset", type=int, help="class-balanced subset of N training images")
+    p.add_argument("--device", choices=("auto", "cuda", "mps", "cpu"))
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"))
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--out", help="run folder (default: runs/<recipe>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="test accuracy, per-class accuracy and confusion matrix of trained weights")
+    p.add_argument("target", help="run folder or .safetensors file")
+    p.add_argument("--tta", action="store_true", help="average the logits of each image and its mirror image")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
+    p.add_argument("--figure", help="confusion-matrix PNG (default: confusion.png beside the weights)")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("bench", help="training img/s per model and precision (prints a table, writes JSON)")
+    p.add_argument("--models", nargs="+", default=names(), choices=names())
+    p.add_argument("--modes", nargs="+", default=["fp32", "bf16+cl"], choices=sorted(MODES))
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
+    p.add_argument("--json", help="write the results here")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cifarkit.train import LOG_FORMAT
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except CifarkitError as e:
+        print(f"cifarkit: error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,234 @@
+"""Recipes: typed dataclasses loaded from YAML, with `--set key=value` overrides.
+
+Every key is checked against the schema, so a typo is an error that names the key instead of a silently ignored
+setting (the failure mode of configs that are plain dicts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from cifarkit.errors import CifarkitError
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+@dataclass
+class AugmentConfig:
+    crop_pad: int = 0  # random crop after zero padding by this many pixels (0 = off)
+    translate: int = 0  # random shift by up to this many pixels, reflect padding (0 = off)
+    flip: bool = False  # random horizontal flip
+    cutout: int = 0  # side of the zeroed square, in pixels (0 = off)
+    autoaugment: str | None = None  # torchvision AutoAugment policy name, e.g. "cifar10"
+
+
+@dataclass
+class DataConfig:
+    subset: int | None = None  # class-balanced training subset size; None = all 50,000
+    val_split: int = 0  # training images held out to select the checkpoint (never the test set)
+    mean: tuple[float, float, float] = CIFAR10_MEAN
+    std: tuple[float, float, float] = CIFAR10_STD
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "cifar10net"
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"  # sgd | adam | adamw
+    lr: float = 0.1
+    momentum: float = 0.9  # sgd only
+    nesterov: bool = False  # sgd only
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)  # adam and adamw only
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "constant"  # constant | cosine | onecycle | step
+    warmup_epochs: float = 0.0  # linear warmup from lr * warmup_start_factor
+    warmup_start_factor: float = 0.1
+    step_epochs: int = 30  # step: decay every this many epochs
+    gamma: float = 0.1  # step: decay factor
+    pct_start: float = 0.3  # onecycle: fraction of steps spent rising to the peak lr (= optim.lr)
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 128
+    seed: int = 0
+    label_smoothing: float = 0.0
+    grad_clip: float | None = None  # max global grad norm; None = off
+    ema_decay: float | None = None  # per-step EMA of the weights used for evaluation; None = off
+    device: str = "auto"  # auto | cuda | mps | cpu
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    channels_last: bool = True
+    compile: bool = False
+    eval_every: int = 1  # evaluate on val/test every N epochs (the last epoch is always evaluated)
+
+
+@dataclass
+class Recipe:
+    name: str = "custom"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+CHOICES = {
+    "optim.name": ("sgd", "adam", "adamw"),
+    "schedule.name": ("constant", "cosine", "onecycle", "step"),
+    "train.device": ("auto", "cuda", "mps", "cpu"),
+    "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "data.augment.autoaugment": (None, "cifar10", "imagenet", "svhn"),
+}
+
+
+def _coerce(value, annotation, key: str):
+    """Check `value` against a field annotation; return it converted (lists to tuples, ints to floats)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, key)
+            except CifarkitError:
+                pass
+        raise CifarkitError(f"bad value for {key}: {value!r} (expected {_type_name(annotation)})")
+    if origin is tuple:
+        item_types = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)) or len(value) != len(item_types):
+            raise CifarkitError(f"bad value for {key}: {value!r} (expected a list of {len(item_types)} numbers)")
+        return tuple(_coerce(v, t, key) for v, t in zip(value, item_types))
+    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if annotation in (bool, str) and isinstance(value, annotation):
+        return value
+    raise CifarkitError(f"bad value for {key}: {value!r} (expected {_type_name(annotation)})")
+
+
+def _type_name(annotation) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _apply(obj, updates: dict, prefix: str = "") -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    for name, value in updates.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise CifarkitError(f"unknown key {key!r}; valid keys here: {', '.join(prefix + n for n in names)}")
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise CifarkitError(f"bad value for {key}: expected a mapping of its fields, got {value!r}")
+            _apply(current, value, f"{key}.")
+            continue
+        value = _coerce(value, hints[name], key)
+        if key in CHOICES and value not in CHOICES[key]:
+            valid = ", ".join(str(c) for c in CHOICES[key])
+            raise CifarkitError(f"bad value for {key}: {value!r} (choose from {valid})")
+        setattr(obj, name, value)
+
+
+def _check_ranges(recipe: Recipe) -> None:
+    positive = {"train.epochs": recipe.train.epochs, "train.batch_size": recipe.train.batch_size,
+                "optim.lr": recipe.optim.lr, "train.eval_every": recipe.train.eval_every}
+    for key, value in positive.items():
+        if value <= 0:
+            raise CifarkitError(f"bad value for {key}: {value!r} (must be > 0)")
+    if recipe.data.subset is not None and recipe.data.subset < 10:
+        raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
+    if recipe.train.ema_decay is not None and not 0.0 < recipe.train.ema_decay < 1.0:
+        raise CifarkitError(f"bad value for train.ema_decay: {recipe.train.ema_decay} (must be in (0, 1))")
+
+
+def builtin_recipes() -> dict[str, Path]:
+    folder = resources.files("cifarkit") / "recipes"
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise CifarkitError(f"cannot read recipe {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise CifarkitError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from e
+    if not isinstance(data, dict):
+        raise CifarkitError(f"recipe {path} must be a YAML mapping of sections (model, data, optim, ...)")
+    return data
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """'train.epochs=5' -> ('train.epochs', 5); the value is parsed as YAML so lists and null work."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise CifarkitError(f"bad override {text!r}; write it as key=value, e.g. train.epochs=5")
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise CifarkitError(f"bad value for {key}: {raw!r} is not valid YAML") from e
+
+
+def nest(key: str, value) -> dict:
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | tuple = ()) -> Recipe:
+    """Load a built-in recipe by name, or a YAML file by path, then apply `key=value` overrides in order."""
+    known = builtin_recipes()
+    if name_or_path in known:
+        path = known[name_or_path]
+    elif name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).exists():
+        path = Path(name_or_path)
+    else:
+        raise CifarkitError(f"unknown recipe {name_or_path!r}; choose from {', '.join(sorted(known))} or give a YAML path")
+    recipe = Recipe()
+    data = _read_yaml(path)
+    data.setdefault("name", path.stem)
+    _apply(recipe, data)
+    for text in overrides:
+        _apply(recipe, nest(*parse_override(text)))
+    _check_ranges(recipe)
+    return recipe
+
+
+def recipe_from_dict(data: dict) -> Recipe:
+    recipe = Recipe()
+    _apply(recipe, data)
+    _check_ranges(recipe)
+    return recipe
+
+
+def to_dict(recipe: Recipe) -> dict:
+    """Plain nested dict (tuples as lists) for YAML/JSON."""
+    def plain(v):
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return plain(dataclasses.asdict(recipe))

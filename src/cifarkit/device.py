@@ -1,0 +1,129 @@
+"""Device and precision choice, and the environment report printed at the start of every run."""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cifarkit.errors import CifarkitError
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    """auto: CUDA, then Apple MPS, then the CPU. An explicit choice that is not available is an error."""
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
+    if preference == "auto":
+        return torch.device(next(name for name, ok in available.items() if ok))
+    if preference not in available:
+        raise CifarkitError(f"unknown device {preference!r}; choose from auto, cuda, mps, cpu")
+    if not available[preference]:
+        raise CifarkitError(f"device {preference!r} is not available here; use --device auto or --device cpu")
+    return torch.device(preference)
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    with contextlib.suppress(Exception):
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # fp32 | bf16 | fp16
+    autocast_dtype: torch.dtype | None
+    grad_scaler: bool  # fp16's narrow exponent needs loss scaling; bf16 has fp32's range and does not
+
+
+PRECISIONS = {
+    "fp32": Precision("fp32", None, False),
+    "bf16": Precision("bf16", torch.bfloat16, False),
+    "fp16": Precision("fp16", torch.float16, True),
+}
+
+
+def pick_precision(preference: str, device: torch.device) -> Precision:
+    """auto: fp16 + GradScaler on CUDA, bf16 on CPUs with native bf16, else fp32 (MPS included, the safe choice)."""
+    if preference == "auto":
+        if device.type == "cuda":
+            return PRECISIONS["fp16"]
+        if device.type == "cpu" and cpu_has_bf16():
+            return PRECISIONS["bf16"]
+        return PRECISIONS["fp32"]
+    if preference not in PRECISIONS:
+        raise CifarkitError(f"unknown precision {preference!r}; choose from auto, fp32, bf16, fp16")
+    if preference == "fp16" and device.type == "cpu":
+        raise CifarkitError("fp16 autocast is not supported for training on the CPU; use --precision bf16 or fp32")
+    return PRECISIONS[preference]
+
+
+def autocast(device: torch.device, precision: Precision):
+    if precision.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=precision.autocast_dtype)
+
+
+def configure(device: torch.device) -> None:
+    if device.type == "cuda":
+        # Fixed input shapes make cuDNN's autotuner pay off after the first few steps.
+        torch.backends.cudnn.benchmark = True
+
+
+def report(device: torch.device | None = None) -> dict:
+    """What a bug report or a benchmark needs to be read: hardware, library versions and the numeric settings."""
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "processor": _cpu_name(),
+        "threads": torch.get_num_threads(),
+        "memory_gib": _system_memory_gib(),
+        "cpu_bf16": cpu_has_bf16(),
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cudnn_enabled": torch.backends.cudnn.enabled,
+        "mps_available": torch.backends.mps.is_available(),
+        "gpus": [],
+    }
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            info["gpus"].append({"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1)})
+    if device is not None:
+        info["device"] = str(device)
+    return info
+
+
+def _system_memory_gib() -> float | None:
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return None
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def describe(info: dict) -> list[str]:
+    """The report as short human-readable lines."""
+    lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
+             f"CPU: {info['processor']}, {info['threads']} threads, {info['memory_gib']} GiB RAM, native bf16: {'yes' if info['cpu_bf16'] else 'no'}"]
+    if info["gpus"]:
+        gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in info["gpus"])
+        lines.append(f"CUDA {info['cuda_version']}, cuDNN {info['cudnn_version']} "
+                     f"(enabled: {info['cudnn_enabled']}), {len(info['gpus'])} GPU(s): {gpus}")
+    else:
+        lines.append(f"CUDA: none available (torch built with CUDA {info['cuda_version']}); "
+                     f"MPS: {'yes' if info['mps_available'] else 'no'}")
+    if "device" in info:
+        lines.append(f"device: {info['device']}")
+    return lines

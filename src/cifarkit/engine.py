@@ -1,0 +1,111 @@
+"""One training epoch and one evaluation pass. They return metric dicts and touch no files."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from cifarkit.data import eval_batches, normalize
+from cifarkit.device import Precision, autocast
+from cifarkit.errors import CifarkitError
+
+DIVERGENCE_CHECK_EVERY = 20  # steps; each check syncs with the device, so not every step
+
+
+class DivergenceError(CifarkitError):
+    pass
+
+
+@dataclass
+class TrainState:
+    model: nn.Module  # the plain module: its state_dict is what gets saved
+    forward: Callable  # the module or its torch.compile wrapper, used for the steps
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    ema: nn.Module | None
+
+
+def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size: int, prepare: Callable,
+                    loss_fn: Callable,
+                    device: torch.device, precision: Precision, grad_clip: float | None,
+                    description: str = "") -> dict:
+    """`batches` yields raw (uint8 images, labels); `prepare` augments and normalizes them on the device."""
+    state.model.train()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    start = time.perf_counter()
+    # disable=None hides the bar when stderr is not a terminal (CI logs, pipes).
+    bar = tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True, disable=None, leave=False)
+    for step, (images, labels) in enumerate(batches, 1):
+        inputs = prepare(images)
+        with autocast(device, precision):
+            logits = state.forward(inputs)
+            loss = loss_fn(logits.float(), labels)
+        state.optimizer.zero_grad(set_to_none=True)
+        state.scaler.scale(loss).backward()
+        if grad_clip is not None:
+            state.scaler.unscale_(state.optimizer)
+            nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        if state.ema is not None:
+            state.ema.update_parameters(state.model)
+        loss_sum += loss.detach() * len(labels)
+        correct += (logits.argmax(1) == labels).sum()
+        seen += len(labels)
+        bar.update(len(labels))
+        if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
+            _check_finite(loss_sum, step)
+    bar.close()
+    seconds = time.perf_counter() - start
+    if seen == 0:
+        raise CifarkitError("the training set is smaller than one batch; lower --batch-size or raise --subset")
+    return {"train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen,
+            "epoch_time_s": seconds, "images_per_s": seen / seconds}
+
+
+def _check_finite(loss_sum: torch.Tensor, step: int) -> None:
+    if not torch.isfinite(loss_sum):
+        raise DivergenceError(f"training diverged: the loss became NaN/inf by step {step} of this epoch; lower the "
+                              f"learning rate (--lr) or set train.grad_clip; the last good checkpoint is kept")
+
+
+def tta_views(x: torch.Tensor, tta: bool) -> list[torch.Tensor]:
+    """The test-time views whose logits are averaged: the image, and its mirror image when TTA is on."""
+    return [x, x.flip(3)] if tta else [x]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean, std, device: torch.device,
+             precision: Precision, batch_size: int = 1000, channels_last: bool = True, tta: bool = False) -> dict:
+    """Loss, accuracy and the predicted class of every image, on uint8 images held anywhere."""
+    model.eval()
+    loss_sum, predictions = 0.0, []
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    for x, y in eval_batches(images, labels, batch_size):
+        x = normalize(x.to(device, non_blocking=True), mean, std).contiguous(memory_format=memory_format)
+        y = y.to(device, non_blocking=True)
+        with autocast(device, precision):
+            logits = torch.stack([model(view).float() for view in tta_views(x, tta)]).mean(0)
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+        predictions.append(logits.argmax(1).cpu())
+    predictions = torch.cat(predictions)
+    return {"loss": loss_sum / len(labels), "acc": (predictions == labels.cpu()).float().mean().item(),
+            "predictions": predictions}
+
+
+def per_class_accuracy(predictions: torch.Tensor, labels: torch.Tensor, classes: int = 10) -> list[float]:
+    return [(predictions[labels == c] == c).float().mean().item() for c in range(classes)]
+
+
+def confusion_matrix(predictions: torch.Tensor, labels: torch.Tensor, classes: int = 10) -> torch.Tensor:
+    """Rows are true classes, columns predicted classes."""
+    return torch.bincount(labels * classes + predictions, minlength=classes * classes).view(classes, classes)

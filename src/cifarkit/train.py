@@ -1,0 +1,208 @@
+"""run(recipe): seeding, resume, the epoch loop and the run folder.
+
+Run folder: config.yaml, train.log, metrics.jsonl, tb/, curves.png, checkpoints/last.pt, model.safetensors,
+summary.json. The test set is only ever measured; when a checkpoint is chosen, it is chosen on `data.val_split`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import yaml
+
+import cifarkit
+from cifarkit import checkpoint, data, models, plots
+from cifarkit.config import Recipe, recipe_from_dict, to_dict
+from cifarkit.device import configure, describe, pick_device, pick_precision, report
+from cifarkit.engine import TrainState, evaluate, train_one_epoch
+from cifarkit.errors import CifarkitError
+from cifarkit.files import write_json, write_text
+from cifarkit.optim import build_ema, build_optimizer, build_schedule
+
+log = logging.getLogger("cifarkit")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
+    """Shuffling and augmentation of epoch `epoch` depend on (seed, epoch) alone, so a resumed run replays them."""
+    return torch.Generator(device=device).manual_seed(seed * 100_003 + epoch)
+
+
+def default_out(recipe: Recipe) -> Path:
+    return Path("runs") / f"{recipe.name}-{datetime.now():%Y%m%d-%H%M%S}"
+
+
+def _attach_log_file(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+def _read_metrics(path: Path, up_to_epoch: int) -> list[dict]:
+    """Metrics of the epochs the checkpoint covers; lines a killed run wrote after its last checkpoint are dropped."""
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["epoch"] <= up_to_epoch]
+
+
+def _versions() -> dict:
+    import numpy
+    import torchvision
+    return {"cifarkit": cifarkit.__version__, "torch": str(torch.__version__), "torchvision": str(torchvision.__version__),
+            "numpy": numpy.__version__}
+
+
+def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | None = None) -> dict:
+    """Train a recipe into a run folder (or continue the one at `resume`) and return its summary."""
+    started = time.perf_counter()
+    resumed = None
+    if resume is not None:
+        out = Path(resume)
+        config_path = out / "config.yaml"
+        if not config_path.exists():
+            raise CifarkitError(f"{out} is not a run folder (no config.yaml); give the folder a run wrote")
+        resolved = yaml.safe_load(config_path.read_text())
+        recipe = recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
+        resumed = checkpoint.load_training(out / "checkpoints" / "last.pt")
+    else:
+        out = Path(out) if out is not None else default_out(recipe)
+        if out.exists() and any(out.iterdir()):
+            raise CifarkitError(f"{out} already holds a run; continue it with --resume {out} or pick another --out")
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    handler = _attach_log_file(out / "train.log")
+    try:
+        return _train(recipe, out, resumed, started)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> dict:
+    cfg = recipe.train
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg.device)
+    precision = pick_precision(cfg.precision, device)
+    configure(device)
+    for line in describe(report(device)):
+        log.info(line)
+
+    dataset = data.load()
+    train_idx, val_idx = data.split_train(dataset.train_y, recipe.data.val_split, recipe.data.subset, cfg.seed)
+    # Everything lives on the training device from here on: batches are sliced and augmented there, no workers.
+    train_x, train_y = dataset.train_x[train_idx].to(device), dataset.train_y[train_idx].to(device)
+    val_x, val_y = dataset.train_x[val_idx].to(device), dataset.train_y[val_idx].to(device)
+    test_x, test_y = dataset.test_x.to(device), dataset.test_y.to(device)
+    steps_per_epoch = len(train_x) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise CifarkitError(f"batch size {cfg.batch_size} exceeds the {len(train_x)} training images; "
+                            f"lower --batch-size or raise --subset")
+
+    model = models.create(recipe.model.name).to(device)
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    optimizer = build_optimizer(model, recipe.optim)
+    state = TrainState(
+        model=model,
+        forward=torch.compile(model) if cfg.compile else model,
+        optimizer=optimizer,
+        scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, steps_per_epoch),
+        scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler),
+        ema=build_ema(model, cfg.ema_decay),
+    )
+    params = models.count_params(model)
+    run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
+                "dataset_sha256": dataset.sha256, "train_images": len(train_x), "val_images": len(val_idx)}
+    start_epoch, elapsed, train_time, best = 0, 0.0, 0.0, {"val_acc": -1.0, "epoch": None}
+    if resumed is not None:
+        checkpoint.restore_training(state, resumed)
+        start_epoch, elapsed, train_time, best = (resumed["epoch"], resumed["elapsed_s"], resumed["train_time_s"],
+                                                  resumed["best"])
+        log.info("resuming %s after epoch %d of %d", out, start_epoch, cfg.epochs)
+    else:
+        write_text(out / "config.yaml", yaml.safe_dump({**to_dict(recipe), "run": run_info}, sort_keys=False))
+    log.info("recipe %s: model %s (%s params), %d train / %d val images, batch %d, %d epochs, precision %s",
+             recipe.name, recipe.model.name, f"{params:,}", len(train_x), len(val_idx), cfg.batch_size, cfg.epochs,
+             precision.name)
+
+    from torch.utils.tensorboard import SummaryWriter
+    records = _read_metrics(out / "metrics.jsonl", start_epoch)
+    writer = SummaryWriter(str(out / "tb"), purge_step=start_epoch + 1)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    mean, std = recipe.data.mean, recipe.data.std
+    eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
+    try:
+        for epoch in range(start_epoch + 1, cfg.epochs + 1):
+            generator = epoch_generator(cfg.seed, epoch, device)
+
+            def prepare(images, generator=generator):
+                return data.augment(images, recipe.data.augment, mean, std, generator).contiguous(
+                    memory_format=memory_format)
+
+            stats = train_one_epoch(state, data.train_batches(train_x, train_y, cfg.batch_size, generator),
+                                    steps_per_epoch, cfg.batch_size, prepare, loss_fn, device, precision,
+                                    cfg.grad_clip, description=f"epoch {epoch}/{cfg.epochs}")
+            train_time += stats["epoch_time_s"]
+            record = {"epoch": epoch, **stats, "lr": optimizer.param_groups[0]["lr"]}
+            eval_model = state.ema.module if state.ema is not None else model
+            if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+                if len(val_x):
+                    val = evaluate(eval_model, val_x, val_y, **eval_args)
+                    record.update(val_loss=val["loss"], val_acc=val["acc"])
+                    if val["acc"] > best["val_acc"]:
+                        best = {"val_acc": val["acc"], "epoch": epoch}
+                        checkpoint.save_weights(out / "checkpoints" / "best.safetensors", eval_model,
+                                                recipe.model.name, mean, std, epoch=epoch)
+                test = evaluate(eval_model, test_x, test_y, **eval_args)
+                record.update(test_loss=test["loss"], test_acc=test["acc"])
+            records.append(record)
+            _log_epoch(record, writer)
+            write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+            checkpoint.save_training(out / "checkpoints" / "last.pt", state, epoch, {
+                "elapsed_s": elapsed + time.perf_counter() - started, "train_time_s": train_time, "best": best})
+    finally:
+        writer.close()
+
+    plots.curves(records, out / "curves.png")
+    if best["epoch"] is None:  # no validation split: the final weights, whose test metrics the last epoch has
+        final_model = state.ema.module if state.ema is not None else model
+        selected_epoch = cfg.epochs
+        test = {"acc": records[-1]["test_acc"], "loss": records[-1]["test_loss"]}
+    else:
+        final_model, _ = checkpoint.load_weights(out / "checkpoints" / "best.safetensors")
+        final_model = final_model.to(device).to(memory_format=memory_format)
+        selected_epoch = best["epoch"]
+        test = evaluate(final_model, test_x, test_y, **eval_args)
+    checkpoint.save_weights(out / "model.safetensors", final_model, recipe.model.name, mean, std,
+                            recipe=recipe.name, epoch=selected_epoch)
+    summary = {
+        "recipe": recipe.name, "model": recipe.model.name, "test_acc": test["acc"], "test_loss": test["loss"],
+        "selected_epoch": selected_epoch, "selected_by": "val_acc" if best["epoch"] is not None else "last epoch",
+        "epochs": cfg.epochs, "wall_time_s": elapsed + time.perf_counter() - started, "train_time_s": train_time,
+        "params": models.count_params(final_model), "device": str(device), "precision": precision.name,
+        "seed": cfg.seed, "torch": str(torch.__version__), "dataset_sha256": dataset.sha256,
+    }
+    write_json(out / "summary.json", summary)
+    log.info("done: test accuracy %.2f%% (epoch %d), wall time %.1f s, run folder %s",
+             100 * summary["test_acc"], selected_epoch, summary["wall_time_s"], out)
+    return summary
+
+
+def _log_epoch(record: dict, writer) -> None:
+    epoch = record["epoch"]
+    parts = [f"epoch {epoch}", f"train loss {record['train_loss']:.4f} acc {100 * record['train_acc']:.2f}%"]
+    for split in ("val", "test"):
+        if f"{split}_acc" in record:
+            parts.append(f"{split} loss {record[f'{split}_loss']:.4f} acc {100 * record[f'{split}_acc']:.2f}%")
+    parts.append(f"lr {record['lr']:.3g}, {record['epoch_time_s']:.1f} s, {record['images_per_s']:.0f} img/s")
+    log.info(" | ".join(parts))
+    tags = {"Loss/train": "train_loss", "Accuracy/train": "train_acc", "Loss/val": "val_loss",
+            "Accuracy/val": "val_acc", "Loss/test": "test_loss", "Accuracy/test": "test_acc", "lr": "lr"}
+    for tag, key in tags.items():
+        if key in record:
+            writer.add_scalar(tag, record[key], epoch)
