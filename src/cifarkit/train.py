@@ -37,9 +37,11 @@ def default_out(recipe: Recipe) -> Path:
 
 
 def _attach_log_file(path: Path) -> logging.Handler:
+    """train.log gets the same lines as the console, however the caller configured logging."""
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logging.getLogger().addHandler(handler)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     return handler
 
 
@@ -70,6 +72,8 @@ def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | No
         resolved = yaml.safe_load(config_path.read_text())
         recipe = recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
         resumed = checkpoint.load_training(out / "checkpoints" / "last.pt")
+        if resumed["epoch"] >= recipe.train.epochs:
+            raise CifarkitError(f"{out} finished all {recipe.train.epochs} epochs already; nothing to resume")
     else:
         out = Path(out) if out is not None else default_out(recipe)
         if out.exists() and any(out.iterdir()):
@@ -79,7 +83,7 @@ def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | No
     try:
         return _train(recipe, out, resumed, started)
     finally:
-        logging.getLogger().removeHandler(handler)
+        log.removeHandler(handler)
         handler.close()
 
 

@@ -1,0 +1,70 @@
+"""Rewrite the README's generated blocks from the registry and from the measurement files in results/.
+
+    python scripts/render_readme.py
+
+Each block sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->`; nothing else in the README is touched.
+The numbers come only from files that `cifarkit` commands wrote, so the README cannot drift from the evidence.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from cifarkit import models
+from cifarkit.files import write_text
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results"
+
+
+def models_block() -> str:
+    lines = ["| model | params | MACs / image |", "|---|---:|---:|"]
+    for name in models.names():
+        model = models.create(name)
+        lines.append(f"| `{name}` | {models.count_params(model):,} | {models.count_macs(model):,} |")
+    return "\n".join(lines)
+
+
+def training_block() -> str:
+    lines = ["| run | recipe | epochs | test accuracy | wall time | train time | device | precision | torch |",
+             "|---|---|---:|---:|---:|---:|---|---|---|"]
+    for summary_path in sorted(RESULTS.glob("*/summary.json")):
+        s = json.loads(summary_path.read_text())
+        lines.append(f"| `results/{summary_path.parent.name}` | `{s['recipe']}` | {s['epochs']} | "
+                     f"{100 * s['test_acc']:.2f}% | {s['wall_time_s'] / 60:.1f} min | {s['train_time_s'] / 60:.1f} min "
+                     f"| {s['device']} | {s['precision']} | {s['torch']} |")
+    return "\n".join(lines)
+
+
+def bench_block() -> str:
+    bench = json.loads((RESULTS / "bench-train-cpu.json").read_text())
+    env = bench["environment"]
+    baseline = bench["results"][0]["mode"]
+    lines = [f"{env['processor']}, {env['threads']} threads, torch {env['torch']}; batch {bench['batch_size']}, "
+             f"median of {bench['rounds']} interleaved rounds of {bench['steps']} steps "
+             "(`cifarkit bench --json results/bench-train-cpu.json`).", "",
+             f"| model | mode | training img/s | vs {baseline} |", "|---|---|---:|---:|"]
+    for r in bench["results"]:
+        lines.append(f"| `{r['model']}` | {r['mode']} | {r['images_per_s']:,.0f} | "
+                     f"{r[f'speedup_vs_{baseline}']:.2f}x |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"models": models_block, "training": training_block, "bench": bench_block}
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name, render in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no <!-- {name}:begin --> ... <!-- {name}:end --> block")
+        text = pattern.sub(lambda m: m.group(1) + render() + "\n" + m.group(2), text)
+    write_text(readme, text)
+    print(f"rewrote {', '.join(BLOCKS)} in {readme}")
+
+
+if __name__ == "__main__":
+    main()

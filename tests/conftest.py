@@ -1,0 +1,57 @@
+import io
+import pickle
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
+
+
+@pytest.fixture
+def cifar_home(tmp_path, monkeypatch):
+    """A CIFARKIT_HOME whose cache is the committed real-data sample (2,000 train / 500 test images)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(FIXTURE, home / "cifar10.safetensors")
+    monkeypatch.setenv("CIFARKIT_HOME", str(home))
+    monkeypatch.delenv("CIFARKIT_DATA", raising=False)
+    return home
+
+
+@pytest.fixture
+def empty_home(tmp_path, monkeypatch):
+    home = tmp_path / "empty-home"
+    monkeypatch.setenv("CIFARKIT_HOME", str(home))
+    monkeypatch.delenv("CIFARKIT_DATA", raising=False)
+    return home
+
+
+def make_batch(first_label: int = 0, count: int = 10_000, labels=None) -> bytes:
+    """A protocol-2 pickle laid out like the real batches: bytes keys, uint8 data, a list of int labels."""
+    labels = [(first_label + i) % 10 for i in range(count)] if labels is None else labels
+    # Each image is a flat grey whose level encodes its label: compressible, and checkable after import.
+    data = np.repeat(np.array(labels, dtype=np.uint8)[:, None] * 20, 3072, axis=1)
+    return pickle.dumps({b"batch_label": b"synthetic", b"labels": labels, b"data": data}, protocol=2)
+
+
+def write_archive(path: Path, batches: dict[str, bytes] | None = None) -> Path:
+    """A cifar-10-python.tar.gz-shaped archive; `batches` replaces or (with None values) drops members."""
+    members = {f"data_batch_{i}": make_batch(i) for i in range(1, 6)}
+    members["test_batch"] = make_batch(0)
+    members.update(batches or {})
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        for name, raw in members.items():
+            if raw is None:
+                continue
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    return path
+
+
+@pytest.fixture(scope="session")
+def synthetic_archive(tmp_path_factory):
+    return write_archive(tmp_path_factory.mktemp("archive") / "cifar-10-python.tar.gz")

@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+from cifarkit import data
+from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig
+
+
+def images(n=64, seed=0):
+    return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+ALL = AugmentConfig(crop_pad=4, translate=2, flip=True, cutout=16)
+
+
+@pytest.mark.parametrize("cfg", [AugmentConfig(), ALL, AugmentConfig(autoaugment="cifar10", crop_pad=4, flip=True)])
+def test_shape_dtype_and_range(cfg):
+    out = data.augment(images(), cfg, CIFAR10_MEAN, CIFAR10_STD, gen())
+    assert out.shape == (64, 3, 32, 32) and out.dtype == torch.float32
+    lowest = min((0 - m) / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD))
+    highest = max((1 - m) / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD))
+    assert out.min() >= lowest - 1e-5 and out.max() <= highest + 1e-5
+
+
+@pytest.mark.parametrize("cfg", [ALL, AugmentConfig(autoaugment="cifar10")])
+def test_seeded(cfg):
+    x = images()
+    a = data.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(1))
+    b = data.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(1))
+    c = data.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_autoaugment_leaves_the_global_rng_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    data.augment(images(8), AugmentConfig(autoaugment="cifar10"), CIFAR10_MEAN, CIFAR10_STD, gen())
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_normalize_uses_the_cifar_statistics():
+    x = torch.full((1, 3, 32, 32), 128, dtype=torch.uint8)
+    out = data.normalize(x, CIFAR10_MEAN, CIFAR10_STD)
+    for c in range(3):
+        assert out[0, c].unique().item() == pytest.approx((128 / 255 - CIFAR10_MEAN[c]) / CIFAR10_STD[c], rel=1e-5)
+
+
+def test_random_crop_is_a_shifted_window_of_the_zero_padded_image():
+    x = images(32)
+    out = data.random_shift(x, 4, "constant", gen(3))
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
+    for i in range(len(x)):
+        windows = [(dy, dx) for dy in range(9) for dx in range(9)
+                   if torch.equal(padded[i, :, dy:dy + 32, dx:dx + 32], out[i])]
+        assert windows, f"image {i} is not a crop of its padded original"
+    assert not torch.equal(out, x)
+
+
+def test_flip_mirrors_about_half_the_images():
+    x = images(400)
+    out = data.random_flip(x, gen())
+    flipped = sum(torch.equal(o, i.flip(2)) for o, i in zip(out, x))
+    kept = sum(torch.equal(o, i) for o, i in zip(out, x))
+    assert flipped + kept == 400 and 140 < flipped < 260
+
+
+def test_cutout_zeroes_at_most_a_16_pixel_square():
+    x = torch.ones(200, 3, 32, 32)
+    out = data.cutout(x, 16, gen())
+    zeros = (out[:, 0] == 0).sum(dim=(1, 2))
+    assert zeros.max() == 256 and zeros.min() >= 64  # a centre in a corner still clips to 8x8
+    assert torch.equal(out[:, 0] == 0, out[:, 2] == 0)  # the same square in every channel

@@ -1,0 +1,51 @@
+import json
+
+import pytest
+import torch
+
+from cifarkit import device
+from cifarkit.cli import main
+from cifarkit.errors import CifarkitError
+
+
+def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert device.pick_device("auto").type == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert device.pick_device("auto").type == "mps"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert device.pick_device("auto").type == "cpu"
+
+
+def test_unavailable_device_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(CifarkitError, match="device 'cuda' is not available here; use --device auto"):
+        device.pick_device("cuda")
+
+
+@pytest.mark.parametrize("dev, has_bf16, expected, scaler", [
+    ("cuda", True, "fp16", True), ("cpu", True, "bf16", False), ("cpu", False, "fp32", False),
+    ("mps", True, "fp32", False),
+])
+def test_auto_precision(monkeypatch, dev, has_bf16, expected, scaler):
+    monkeypatch.setattr(device, "cpu_has_bf16", lambda: has_bf16)
+    precision = device.pick_precision("auto", torch.device(dev))
+    assert (precision.name, precision.grad_scaler) == (expected, scaler)
+
+
+def test_fp16_training_on_cpu_is_refused():
+    with pytest.raises(CifarkitError, match="use --precision bf16 or fp32"):
+        device.pick_precision("fp16", torch.device("cpu"))
+
+
+def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--models", "simplecnn", "--modes", "fp32", "fp32+cl", "--steps", "2", "--rounds", "1",
+                 "--batch-size", "16", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| simplecnn | fp32 |" in table and "| simplecnn | fp32+cl |" in table
+    result = json.loads(out.read_text())
+    assert [r["mode"] for r in result["results"]] == ["fp32", "fp32+cl"]
+    assert all(r["images_per_s"] > 0 for r in result["results"])
+    assert result["results"][0]["speedup_vs_fp32"] == 1.0

@@ -1,0 +1,158 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from cifarkit import data, train
+from cifarkit.cli import main
+from cifarkit.config import load_recipe
+from cifarkit.errors import CifarkitError
+
+# Small but complete: dropout (RNG), warmup + step schedule (SequentialLR), EMA and augmentation all take part.
+QUICK = ["train.epochs=3", "train.batch_size=100", "data.subset=1000", "schedule.warmup_epochs=1",
+         "train.ema_decay=0.9", "data.augment.cutout=8"]
+
+
+def weights(run_dir):
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_run_folder_contents(cifar_home, tmp_path):
+    out = tmp_path / "run"
+    summary = train.run(load_recipe("cifar10net", QUICK), out=out)
+    for name in ("config.yaml", "train.log", "metrics.jsonl", "curves.png", "checkpoints/last.pt",
+                 "model.safetensors", "summary.json"):
+        assert (out / name).is_file(), name
+    assert any((out / "tb").iterdir())
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    for key in ("train_loss", "train_acc", "test_loss", "test_acc", "lr", "epoch_time_s", "images_per_s"):
+        assert all(key in r for r in records), key
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["train"]["seed"] == 0 and config["train"]["epochs"] == 3
+    assert config["run"]["versions"]["torch"] == torch.__version__
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved == summary
+    for key in ("test_acc", "wall_time_s", "train_time_s", "params", "device", "precision", "seed", "torch",
+                "dataset_sha256"):
+        assert key in saved, key
+    assert saved["params"] == 815_018 and saved["dataset_sha256"] == data.load().sha256
+    assert saved["test_acc"] == records[-1]["test_acc"]
+    log = (out / "train.log").read_text()
+    assert "epoch 3 | train loss" in log and "done: test accuracy" in log
+
+
+def test_same_seed_same_weights(cifar_home, tmp_path):
+    recipe = ["train.epochs=2", "train.batch_size=100", "data.subset=500"]
+    train.run(load_recipe("cifar10net", recipe), out=tmp_path / "a")
+    train.run(load_recipe("cifar10net", recipe), out=tmp_path / "b")
+    train.run(load_recipe("cifar10net", recipe + ["train.seed=1"]), out=tmp_path / "c")
+    assert_same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
+    assert not torch.equal(weights(tmp_path / "a")["0.0.weight"], weights(tmp_path / "c")["0.0.weight"])
+
+
+def test_killed_run_resumes_bit_identically(cifar_home, tmp_path):
+    """SIGKILL a real training process after its first checkpoint, resume it, and compare with an unbroken run."""
+    args = [sys.executable, "-m", "cifarkit", "train", "--recipe", "cifar10net"]
+    for override in QUICK + ["train.epochs=4"]:
+        args += ["--set", override]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(args + ["--out", str(tmp_path / "whole")], env=env, check=True, capture_output=True)
+
+    broken = tmp_path / "broken"
+    proc = subprocess.Popen(args + ["--out", str(broken)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (broken / "checkpoints" / "last.pt").exists():
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (broken / "model.safetensors").exists(), "the kill came too late to test anything"
+    done_before = torch.load(broken / "checkpoints" / "last.pt", weights_only=True)["epoch"]
+    assert 1 <= done_before < 4
+
+    subprocess.run([sys.executable, "-m", "cifarkit", "train", "--resume", str(broken)], env=env, check=True,
+                   capture_output=True)
+    assert_same_weights(weights(tmp_path / "whole"), weights(broken))
+    whole = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    resumed = [json.loads(x) for x in (broken / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["train_loss"], r["test_acc"]) for r in resumed] == \
+        [(r["epoch"], r["train_loss"], r["test_acc"]) for r in whole]
+    again = subprocess.run([sys.executable, "-m", "cifarkit", "train", "--resume", str(broken)], env=env,
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "finished all 4 epochs already" in again.stderr
+    assert_same_weights(weights(tmp_path / "whole"), weights(broken))
+
+
+def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(cifar_home, tmp_path, monkeypatch, capsys):
+    real_augment = data.augment
+
+    def poisoned_from_epoch_2(images, cfg, mean, std, generator):
+        out = real_augment(images, cfg, mean, std, generator)
+        return out * float("nan") if generator.initial_seed() % 100_003 >= 2 else out
+    monkeypatch.setattr(data, "augment", poisoned_from_epoch_2)
+    out = tmp_path / "nan"
+    code = main(["train", "--recipe", "cifar10net", "--epochs", "3", "--subset", "500", "--batch-size", "100",
+                 "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("cifarkit: error: training diverged: the loss became NaN/inf") and "--lr" in err
+    last = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert last["epoch"] == 1 and all(torch.isfinite(v).all() for v in last["model"].values())
+    assert not (out / "model.safetensors").exists()
+
+
+def test_existing_run_folder_is_never_overwritten(cifar_home, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(CifarkitError, match="already holds a run; continue it with --resume"):
+        train.run(load_recipe("cifar10net"), out=out)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_val_split_selects_the_checkpoint(cifar_home, tmp_path):
+    out = tmp_path / "val"
+    summary = train.run(load_recipe("simplecnn", ["train.epochs=3", "data.val_split=200", "data.subset=800"]),
+                        out=out)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    best = max(records, key=lambda r: r["val_acc"])
+    assert summary["selected_by"] == "val_acc" and summary["selected_epoch"] == best["epoch"]
+
+
+def test_eval_command(cifar_home, tmp_path, capsys):
+    out = tmp_path / "run"
+    summary = train.run(load_recipe("simplecnn", ["train.epochs=1", "data.subset=500"]), out=out)
+    assert main(["eval", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["test_acc"] == pytest.approx(summary["test_acc"])
+    assert set(result["per_class_acc"]) == set(data.CLASSES)
+    assert sum(map(sum, result["confusion_matrix"])) == 500
+    assert (out / "confusion.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["eval", str(out / "model.safetensors"), "--tta"]) == 0
+    assert "TTA" in capsys.readouterr().out
+    assert main(["eval", str(tmp_path / "missing")]) == 2
+    assert "no weights at" in capsys.readouterr().err
+
+
+def test_env_command(capsys):
+    assert main(["env", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    for key in ("torch", "cuda_available", "cuda_version", "cudnn_version", "cudnn_enabled", "cpu_bf16", "threads",
+                "gpus", "device"):
+        assert key in info, key
