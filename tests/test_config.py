@@ -66,7 +66,7 @@ def test_cli_reports_bad_keys_on_one_line(capsys, cifar_home, tmp_path):
     assert main(["train", "--set", "optim.lrr=1", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "cifarkit: error: unknown key 'optim.lrr'; valid keys here: optim.name, optim.lr, " \
-                  "optim.momentum, optim.nesterov, optim.weight_decay, optim.betas"
+                  "optim.momentum, optim.nesterov, optim.weight_decay, optim.betas, optim.vector_lr_scale, optim.vector_weight_decay"
     assert not (tmp_path / "r").exists()
 
 

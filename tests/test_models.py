@@ -7,9 +7,20 @@ from cifarkit import models
 from cifarkit.cli import main
 from cifarkit.errors import CifarkitError
 
+
+
+def fastnet_params(w1, w2, w3):
+    """Whitening conv (2x2, 3->24, bias), three groups of two bias-free 3x3 convs with BatchNorm, a 10-way head."""
+    widths = [(24, w1), (w1, w2), (w2, w3)]
+    convs = sum(9 * c_in * c_out + 9 * c_out * c_out for c_in, c_out in widths)
+    norms = sum(2 * 2 * c_out for _, c_out in widths)
+    return 3 * 24 * 4 + 24 + convs + norms + 10 * w3
+
+
 # The write-ups state these counts; cifar10net's is exact, resnet18's is "about 11.2M".
 EXPECTED_PARAMS = {"cifar10net": (815_018, 815_018), "simplecnn": (113_738, 113_738),
-                   "resnet18": (11_150_000, 11_300_000)}
+                   "resnet18": (11_150_000, 11_300_000),
+                   "fastnet": (fastnet_params(64, 256, 256),) * 2, "fastnet_wide": (fastnet_params(128, 384, 384),) * 2}
 
 
 @pytest.mark.parametrize("name", models.names())
@@ -29,7 +40,7 @@ def test_resnet18_keeps_full_resolution_in_the_stem():
 
 
 def test_unknown_model_lists_the_choices():
-    with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, resnet18, simplecnn"):
+    with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, fastnet_wide, resnet18, simplecnn"):
         models.create("resnet50")
 
 

@@ -11,8 +11,8 @@ import statistics
 import torch
 
 from cifarkit import models
-from cifarkit.config import AugmentConfig, CIFAR10_MEAN, CIFAR10_STD, OptimConfig, ScheduleConfig
-from cifarkit.data import augment, train_batches
+from cifarkit.config import AugmentConfig, DataConfig, OptimConfig, ScheduleConfig
+from cifarkit.data import TrainLoader
 from cifarkit.device import configure, pick_precision
 from cifarkit.engine import TrainState, train_one_epoch
 from cifarkit.optim import build_optimizer, build_schedule
@@ -29,19 +29,15 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=0.01))
     state = TrainState(model, model, optimizer, build_schedule(optimizer, ScheduleConfig(), 1, steps + 1),
                        torch.amp.GradScaler(device.type, enabled=precision.grad_scaler), None)
-    generator = torch.Generator(device=device).manual_seed(0)
     images = torch.randint(0, 256, ((steps + 1) * batch_size, 3, 32, 32), dtype=torch.uint8, device=device)
     labels = torch.randint(0, 10, (len(images),), device=device)
-    aug = AugmentConfig(crop_pad=4, flip=True)
-
-    def prepare(x):
-        return augment(x, aug, CIFAR10_MEAN, CIFAR10_STD, generator).contiguous(memory_format=memory_format)
-
+    loader = TrainLoader(images, labels, batch_size, DataConfig(augment=AugmentConfig(crop_pad=4, flip=True)),
+                         seed=0, memory_format=memory_format)
+    batches = loader.epoch(1)
     loss_fn = torch.nn.CrossEntropyLoss()
-    batches = train_batches(images, labels, batch_size, generator)
     # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
-    train_one_epoch(state, [next(batches)], 1, batch_size, prepare, loss_fn, device, precision, None)
-    stats = train_one_epoch(state, batches, steps, batch_size, prepare, loss_fn, device, precision, None)
+    train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None)
+    stats = train_one_epoch(state, batches, steps, batch_size, loss_fn, device, precision, None)
     return stats["images_per_s"]
 
 

@@ -39,6 +39,7 @@ def save_training(path: Path, state: TrainState, epoch: int, extra: dict) -> Non
         "scheduler": state.scheduler.state_dict(),
         "scaler": state.scaler.state_dict(),
         "ema": state.ema.state_dict() if state.ema is not None else None,
+        "lookahead": state.lookahead.state_dict() if state.lookahead is not None else None,
         "rng": rng_states(),
         **extra,
     }
@@ -62,6 +63,8 @@ def restore_training(state: TrainState, payload: dict) -> None:
     state.scaler.load_state_dict(payload["scaler"])
     if state.ema is not None:
         state.ema.load_state_dict(payload["ema"])
+    if state.lookahead is not None:
+        state.lookahead.load_state_dict(payload["lookahead"])
     restore_rng(payload["rng"])
 
 

@@ -134,6 +134,21 @@ def cmd_bench(args) -> None:
         print(f"wrote {args.json}")
 
 
+def cmd_speedrun(args) -> None:
+    from cifarkit import speedrun
+    from cifarkit.files import write_json
+    if args.runs < 1:
+        raise CifarkitError(f"--runs must be at least 1, got {args.runs}")
+    report = speedrun.run(args.recipe, args.runs, args.target, Path(args.out) if args.out else None,
+                          args.first_seed, curve=not args.no_curve, overrides=tuple(args.set))
+    print(speedrun.table(report))
+    print(f"timer: {report['timer_covers']}")
+    print(f"wrote {report['out_dir']}/speedrun.json and speedrun.png")
+    if args.json:
+        write_json(args.json, {k: v for k, v in report.items() if k != "out_dir"})
+        print(f"wrote {args.json}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cifarkit import __version__
     from cifarkit.benchmark import MODES
@@ -190,6 +205,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     p.add_argument("--figure", help="confusion-matrix PNG (default: confusion.png beside the weights)")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("speedrun", help="train a recipe over N seeds; report mean, std, CI, t-test and wall time")
+    p.add_argument("--recipe", default="fast")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--target", type=float, default=0.94, help="accuracy to test the mean against (default 0.94)")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--no-curve", action="store_true", help="skip the per-epoch test passes (they count as time)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override (repeatable)")
+    p.add_argument("--out", help="folder for the runs (default: runs/speedrun-<recipe>-<time>)")
+    p.add_argument("--json", help="also write the report here")
+    p.set_defaults(func=cmd_speedrun)
 
     p = sub.add_parser("bench", help="training img/s per model and precision (prints a table, writes JSON)")
     p.add_argument("--models", nargs="+", default=names(), choices=names())

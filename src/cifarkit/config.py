@@ -25,6 +25,7 @@ class AugmentConfig:
     crop_pad: int = 0  # random crop after zero padding by this many pixels (0 = off)
     translate: int = 0  # random shift by up to this many pixels, reflect padding (0 = off)
     flip: bool = False  # random horizontal flip
+    alternate_flip: bool = False  # with flip: random in epoch 1, then each image mirrored opposite to last epoch
     cutout: int = 0  # side of the zeroed square, in pixels (0 = off)
     autoaugment: str | None = None  # torchvision AutoAugment policy name, e.g. "cifar10"
 
@@ -51,16 +52,19 @@ class OptimConfig:
     nesterov: bool = False  # sgd only
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)  # adam and adamw only
+    vector_lr_scale: float = 1.0  # lr multiplier for BatchNorm shifts and biases
+    vector_weight_decay: float = 0.0  # weight decay for BatchNorm shifts and biases
 
 
 @dataclass
 class ScheduleConfig:
-    name: str = "constant"  # constant | cosine | onecycle | step
+    name: str = "constant"  # constant | cosine | linear | onecycle | step
     warmup_epochs: float = 0.0  # linear warmup from lr * warmup_start_factor
     warmup_start_factor: float = 0.1
     step_epochs: int = 30  # step: decay every this many epochs
     gamma: float = 0.1  # step: decay factor
     pct_start: float = 0.3  # onecycle: fraction of steps spent rising to the peak lr (= optim.lr)
+    final_factor: float = 0.0  # linear: the lr at the end, as a fraction of optim.lr
 
 
 @dataclass
@@ -71,6 +75,9 @@ class TrainConfig:
     label_smoothing: float = 0.0
     grad_clip: float | None = None  # max global grad norm; None = off
     ema_decay: float | None = None  # per-step EMA of the weights used for evaluation; None = off
+    lookahead_every: int | None = None  # steps between lookahead syncs; None = off
+    lookahead_decay: float = 0.95  # per-step decay of the lookahead's slow weights at the end of training
+    tta: bool = False  # evaluate with mirror + 1-pixel-shift test-time augmentation
     device: str = "auto"  # auto | cuda | mps | cpu
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     channels_last: bool = True
@@ -91,7 +98,7 @@ class Recipe:
 
 CHOICES = {
     "optim.name": ("sgd", "adam", "adamw"),
-    "schedule.name": ("constant", "cosine", "onecycle", "step"),
+    "schedule.name": ("constant", "cosine", "linear", "onecycle", "step"),
     "train.device": ("auto", "cuda", "mps", "cpu"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "data.augment.autoaugment": (None, "cifar10", "imagenet", "svhn"),

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from cifarkit.config import AugmentConfig
+from cifarkit.config import AugmentConfig, DataConfig
 from cifarkit.errors import CifarkitError
 from cifarkit.files import atomic_path
 
@@ -278,8 +278,10 @@ def random_shift(x: torch.Tensor, pad: int, mode: str, generator: torch.Generato
     return padded[torch.arange(n, device=x.device).view(n, 1, 1), :, rows, cols].permute(0, 3, 1, 2)
 
 
-def random_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    flip = torch.rand(x.shape[0], generator=generator, device=x.device) < 0.5
+def random_flip(x: torch.Tensor, generator: torch.Generator, flip: torch.Tensor | None = None) -> torch.Tensor:
+    """Mirror the images where `flip` is true; without a mask, each image is mirrored with probability 1/2."""
+    if flip is None:
+        flip = torch.rand(x.shape[0], generator=generator, device=x.device) < 0.5
     return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
 
 
@@ -305,8 +307,9 @@ def auto_augment(x: torch.Tensor, policy: str, generator: torch.Generator) -> to
         return torch.stack([transform(img) for img in x])
 
 
-def augment(x: torch.Tensor, cfg: AugmentConfig, mean, std, generator: torch.Generator) -> torch.Tensor:
-    """uint8 batch -> augmented, normalized float batch, all on x's device."""
+def augment(x: torch.Tensor, cfg: AugmentConfig, mean, std, generator: torch.Generator,
+            flip: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 batch -> augmented, normalized float batch, all on x's device. `flip` overrides the random mirroring."""
     if cfg.autoaugment:
         x = auto_augment(x, cfg.autoaugment, generator)
     if cfg.crop_pad:
@@ -315,18 +318,40 @@ def augment(x: torch.Tensor, cfg: AugmentConfig, mean, std, generator: torch.Gen
     if cfg.translate:
         x = random_shift(x, cfg.translate, "reflect", generator)
     if cfg.flip:
-        x = random_flip(x, generator)
+        x = random_flip(x, generator, flip)
     if cfg.cutout:
         x = cutout(x, cfg.cutout, generator)
     return x
 
 
-def train_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, generator: torch.Generator):
-    """Shuffled full batches; the remainder is dropped so every step sees the same batch size (BatchNorm-friendly)."""
-    order = torch.randperm(len(x), generator=generator, device=x.device)
-    for start in range(0, len(x) - batch_size + 1, batch_size):
-        idx = order[start:start + batch_size]
-        yield x[idx], y[idx]
+class TrainLoader:
+    """Shuffled, augmented, normalized training batches, produced on the data's device.
+
+    Epoch e's order and augmentations depend only on (seed, e), so a resumed run replays them exactly. Full
+    batches only: the remainder is dropped, so every step has the same batch size (BatchNorm-friendly).
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, cfg: DataConfig, seed: int,
+                 memory_format=torch.contiguous_format):
+        if len(images) < batch_size:
+            raise CifarkitError(f"batch size {batch_size} exceeds the {len(images)} training images; "
+                                f"lower --batch-size or raise --subset")
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+        self.cfg, self.seed, self.memory_format = cfg, seed, memory_format
+        self.steps_per_epoch = len(images) // batch_size
+        # Alternating flip (Jordan 2024): random in the first epoch, then each image the other way every epoch,
+        # so consecutive epochs see both mirror images instead of a coin toss.
+        first_flips = torch.Generator(device=images.device).manual_seed(seed)
+        self.first_epoch_flip = torch.rand(len(images), generator=first_flips, device=images.device) < 0.5
+
+    def epoch(self, epoch: int):
+        generator = torch.Generator(device=self.images.device).manual_seed(self.seed * 100_003 + epoch)
+        order = torch.randperm(len(self.images), generator=generator, device=self.images.device)
+        for step in range(self.steps_per_epoch):
+            idx = order[step * self.batch_size:(step + 1) * self.batch_size]
+            flip = self.first_epoch_flip[idx] ^ (epoch % 2 == 0) if self.cfg.augment.alternate_flip else None
+            inputs = augment(self.images[idx], self.cfg.augment, self.cfg.mean, self.cfg.std, generator, flip)
+            yield inputs.contiguous(memory_format=self.memory_format), self.labels[idx]
 
 
 def eval_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int):

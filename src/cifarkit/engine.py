@@ -13,6 +13,7 @@ from tqdm import tqdm
 from cifarkit.data import eval_batches, normalize
 from cifarkit.device import Precision, autocast
 from cifarkit.errors import CifarkitError
+from cifarkit.optim import Lookahead
 
 DIVERGENCE_CHECK_EVERY = 20  # steps; each check syncs with the device, so not every step
 
@@ -29,13 +30,13 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     ema: nn.Module | None
+    lookahead: Lookahead | None = None
 
 
-def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size: int, prepare: Callable,
-                    loss_fn: Callable,
+def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size: int, loss_fn: Callable,
                     device: torch.device, precision: Precision, grad_clip: float | None,
                     description: str = "") -> dict:
-    """`batches` yields raw (uint8 images, labels); `prepare` augments and normalizes them on the device."""
+    """`batches` yields (normalized, augmented inputs, labels) already on the device."""
     state.model.train()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
@@ -43,8 +44,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
     start = time.perf_counter()
     # disable=None hides the bar when stderr is not a terminal (CI logs, pipes).
     bar = tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True, disable=None, leave=False)
-    for step, (images, labels) in enumerate(batches, 1):
-        inputs = prepare(images)
+    for step, (inputs, labels) in enumerate(batches, 1):
         with autocast(device, precision):
             logits = state.forward(inputs)
             loss = loss_fn(logits.float(), labels)
@@ -58,6 +58,8 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
         state.scheduler.step()
         if state.ema is not None:
             state.ema.update_parameters(state.model)
+        if state.lookahead is not None:
+            state.lookahead.step(state.model)
         loss_sum += loss.detach() * len(labels)
         correct += (logits.argmax(1) == labels).sum()
         seen += len(labels)
@@ -66,8 +68,6 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
             _check_finite(loss_sum, step)
     bar.close()
     seconds = time.perf_counter() - start
-    if seen == 0:
-        raise CifarkitError("the training set is smaller than one batch; lower --batch-size or raise --subset")
     return {"train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen,
             "epoch_time_s": seconds, "images_per_s": seen / seconds}
 
@@ -79,8 +79,14 @@ def _check_finite(loss_sum: torch.Tensor, step: int) -> None:
 
 
 def tta_views(x: torch.Tensor, tta: bool) -> list[torch.Tensor]:
-    """The test-time views whose logits are averaged: the image, and its mirror image when TTA is on."""
-    return [x, x.flip(3)] if tta else [x]
+    """The views whose logits are averaged: with TTA, the image and its mirror, each also shifted one pixel
+    up-left and down-right (reflect padding), the small translations the training augmentation also shows."""
+    if not tta:
+        return [x]
+    padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    h, w = x.shape[-2:]
+    shifted = [x, padded[..., :h, :w], padded[..., 2:, 2:]]
+    return shifted + [view.flip(3) for view in shifted]
 
 
 @torch.no_grad()

@@ -59,3 +59,19 @@ def confusion(matrix: torch.Tensor, classes, path: Path, title: str) -> None:
             value = matrix[i, j].item()
             ax.text(j, i, value, ha="center", va="center", fontsize=7, color="white" if value > peak / 2 else "black")
     _save(fig, path)
+
+
+def accuracy_vs_time(runs: list[dict], target: float, path: Path, title: str) -> None:
+    """Test accuracy after each epoch against wall-clock minutes, one line per seed; the final (TTA) score is a dot."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+        line, = ax.plot([p["elapsed_s"] / 60 for p in run["curve"]], [100 * p["test_acc"] for p in run["curve"]],
+                        marker=".", alpha=0.7, label=f"seed {run['seed']}")
+        ax.plot(run["wall_time_s"] / 60, 100 * run["test_acc"], "o", color=line.get_color())
+    ax.axhline(100 * target, color="black", linestyle="--", linewidth=1, label=f"target {100 * target:.1f}%")
+    ax.set(xlabel="wall clock (min)", ylabel="test accuracy (%)", title=title)
+    finals = [100 * r["test_acc"] for r in runs]
+    ax.set_ylim(max(min(finals + [100 * target]) - 10, 0), 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)

@@ -21,15 +21,10 @@ from cifarkit.device import configure, describe, pick_device, pick_precision, re
 from cifarkit.engine import TrainState, evaluate, train_one_epoch
 from cifarkit.errors import CifarkitError
 from cifarkit.files import write_json, write_text
-from cifarkit.optim import build_ema, build_optimizer, build_schedule
+from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
 
 log = logging.getLogger("cifarkit")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
-
-
-def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
-    """Shuffling and augmentation of epoch `epoch` depend on (seed, epoch) alone, so a resumed run replays them."""
-    return torch.Generator(device=device).manual_seed(seed * 100_003 + epoch)
 
 
 def default_out(recipe: Recipe) -> Path:
@@ -99,29 +94,32 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     dataset = data.load()
     train_idx, val_idx = data.split_train(dataset.train_y, recipe.data.val_split, recipe.data.subset, cfg.seed)
     # Everything lives on the training device from here on: batches are sliced and augmented there, no workers.
-    train_x, train_y = dataset.train_x[train_idx].to(device), dataset.train_y[train_idx].to(device)
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    loader = data.TrainLoader(dataset.train_x[train_idx].to(device), dataset.train_y[train_idx].to(device),
+                              cfg.batch_size, recipe.data, cfg.seed, memory_format)
     val_x, val_y = dataset.train_x[val_idx].to(device), dataset.train_y[val_idx].to(device)
     test_x, test_y = dataset.test_x.to(device), dataset.test_y.to(device)
-    steps_per_epoch = len(train_x) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise CifarkitError(f"batch size {cfg.batch_size} exceeds the {len(train_x)} training images; "
-                            f"lower --batch-size or raise --subset")
+    mean, std = recipe.data.mean, recipe.data.std
 
     model = models.create(recipe.model.name).to(device)
-    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    if hasattr(model, "init_from_data"):  # data-dependent initialization, e.g. FastNet's whitening filters
+        sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(cfg.seed))[:5000]
+        model.init_from_data(data.normalize(loader.images[sample.to(device)], mean, std))
     model = model.to(memory_format=memory_format)
     optimizer = build_optimizer(model, recipe.optim)
+    total_steps = cfg.epochs * loader.steps_per_epoch
     state = TrainState(
         model=model,
         forward=torch.compile(model) if cfg.compile else model,
         optimizer=optimizer,
-        scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, steps_per_epoch),
+        scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch),
         scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler),
         ema=build_ema(model, cfg.ema_decay),
+        lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay, total_steps),
     )
     params = models.count_params(model)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
-                "dataset_sha256": dataset.sha256, "train_images": len(train_x), "val_images": len(val_idx)}
+                "dataset_sha256": dataset.sha256, "train_images": len(loader.images), "val_images": len(val_x)}
     start_epoch, elapsed, train_time, best = 0, 0.0, 0.0, {"val_acc": -1.0, "epoch": None}
     if resumed is not None:
         checkpoint.restore_training(state, resumed)
@@ -131,26 +129,19 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     else:
         write_text(out / "config.yaml", yaml.safe_dump({**to_dict(recipe), "run": run_info}, sort_keys=False))
     log.info("recipe %s: model %s (%s params), %d train / %d val images, batch %d, %d epochs, precision %s",
-             recipe.name, recipe.model.name, f"{params:,}", len(train_x), len(val_idx), cfg.batch_size, cfg.epochs,
+             recipe.name, recipe.model.name, f"{params:,}", len(loader.images), len(val_x), cfg.batch_size, cfg.epochs,
              precision.name)
 
     from torch.utils.tensorboard import SummaryWriter
     records = _read_metrics(out / "metrics.jsonl", start_epoch)
     writer = SummaryWriter(str(out / "tb"), purge_step=start_epoch + 1)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    mean, std = recipe.data.mean, recipe.data.std
-    eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
+    eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last,
+                     tta=cfg.tta)
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
-            generator = epoch_generator(cfg.seed, epoch, device)
-
-            def prepare(images, generator=generator):
-                return data.augment(images, recipe.data.augment, mean, std, generator).contiguous(
-                    memory_format=memory_format)
-
-            stats = train_one_epoch(state, data.train_batches(train_x, train_y, cfg.batch_size, generator),
-                                    steps_per_epoch, cfg.batch_size, prepare, loss_fn, device, precision,
-                                    cfg.grad_clip, description=f"epoch {epoch}/{cfg.epochs}")
+            stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size, loss_fn,
+                                    device, precision, cfg.grad_clip, description=f"epoch {epoch}/{cfg.epochs}")
             train_time += stats["epoch_time_s"]
             record = {"epoch": epoch, **stats, "lr": optimizer.param_groups[0]["lr"]}
             eval_model = state.ema.module if state.ema is not None else model
@@ -164,6 +155,7 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
                                                 recipe.model.name, mean, std, epoch=epoch)
                 test = evaluate(eval_model, test_x, test_y, **eval_args)
                 record.update(test_loss=test["loss"], test_acc=test["acc"])
+            record["elapsed_s"] = elapsed + time.perf_counter() - started
             records.append(record)
             _log_epoch(record, writer)
             write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))

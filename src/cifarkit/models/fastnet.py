@@ -1,0 +1,74 @@
+"""FastNet: a small, wide, residual-free network for fast CIFAR-10 training, after the airbench speedruns.
+
+Ideas from Jordan (2024), "94% on CIFAR-10 in 3.29 seconds on a single GPU" (arXiv 2404.00498), and Page's
+"How to train your ResNet"; the code is our own:
+- a frozen 2x2 first convolution initialized to whiten image patches (eigenvectors of their covariance), so the
+  first layer starts decorrelated instead of learning to be;
+- three conv groups (conv, max-pool, BN, GELU, conv, BN, GELU) and no residuals: short and wide suits a short run;
+- BatchNorm scales frozen at 1 (only the shifts learn), and logits scaled down so early softmax is not saturated.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cifarkit.models.registry import register
+
+WHITEN_PATCH = 2
+WHITEN_EPS = 5e-4  # added to eigenvalues before the inverse square root; keeps near-zero directions finite
+LOGIT_SCALE = 1 / 9  # the head's output is divided so initial logits are small (airbench's value)
+
+
+def _norm(channels: int) -> nn.BatchNorm2d:
+    # Momentum 0.4 forgets old statistics fast, which a run of a few epochs needs; the scale stays fixed at 1.
+    norm = nn.BatchNorm2d(channels, momentum=0.4, eps=1e-12)
+    norm.weight.requires_grad_(False)
+    return norm
+
+
+class ConvGroup(nn.Sequential):
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__(
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.MaxPool2d(2), _norm(c_out), nn.GELU(),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), _norm(c_out), nn.GELU(),
+        )
+
+
+class FastNet(nn.Module):
+    def __init__(self, widths=(64, 256, 256), num_classes: int = 10):
+        super().__init__()
+        whiten_channels = 2 * 3 * WHITEN_PATCH**2  # each eigenvector and its negation (GELU is not odd)
+        self.whiten = nn.Conv2d(3, whiten_channels, WHITEN_PATCH, padding=0, bias=True)
+        self.whiten.weight.requires_grad_(False)
+        groups, c_in = [], whiten_channels
+        for width in widths:
+            groups.append(ConvGroup(c_in, width))
+            c_in = width
+        self.body = nn.Sequential(nn.GELU(), *groups)  # 31 -> 15 -> 7 -> 3 pixels
+        self.head = nn.Sequential(nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes, bias=False))
+
+    def forward(self, x):
+        return self.head(self.body(self.whiten(x))) * LOGIT_SCALE
+
+    @torch.no_grad()
+    def init_from_data(self, images: torch.Tensor) -> None:
+        """Set the whitening filters from normalized training images (N x 3 x 32 x 32)."""
+        patches = images.float().unfold(2, WHITEN_PATCH, 1).unfold(3, WHITEN_PATCH, 1)
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, 3 * WHITEN_PATCH**2)
+        patches = patches - patches.mean(0)
+        covariance = patches.T @ patches / len(patches)
+        eigenvalues, eigenvectors = torch.linalg.eigh(covariance.double())
+        filters = (eigenvectors.T / (eigenvalues + WHITEN_EPS).sqrt()[:, None]).float()
+        filters = filters.view(-1, 3, WHITEN_PATCH, WHITEN_PATCH)
+        self.whiten.weight.copy_(torch.cat([filters, -filters]))
+        self.whiten.bias.zero_()
+
+
+@register
+def fastnet() -> nn.Module:
+    return FastNet((64, 256, 256))
+
+
+@register
+def fastnet_wide() -> nn.Module:
+    return FastNet((128, 384, 384))

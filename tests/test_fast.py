@@ -1,0 +1,129 @@
+"""The fast recipe's parts: whitening, alternating flip, lookahead, triangular schedule, TTA, speedrun statistics."""
+import json
+
+import pytest
+import torch
+
+from cifarkit import data, models, train
+from cifarkit.cli import main
+from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig, load_recipe
+from cifarkit.engine import tta_views
+from cifarkit.optim import Lookahead, build_optimizer, build_schedule
+from cifarkit.speedrun import statistics_against
+
+
+def test_whitening_filters_decorrelate_patches(cifar_home):
+    cached = data.load()
+    model = models.create("fastnet")
+    images = data.normalize(cached.train_x[:1000], CIFAR10_MEAN, CIFAR10_STD)
+    model.init_from_data(images)
+    with torch.no_grad():
+        out = model.whiten(images) - model.whiten.bias.view(1, -1, 1, 1)
+    half = out[:, :12].permute(0, 2, 3, 1).reshape(-1, 12)  # the other 12 channels are the negations
+    covariance = torch.cov(half.T)
+    # Whitened: no correlation between directions, and unit variance along each of them except the faintest,
+    # where WHITEN_EPS (5e-4, the size of their eigenvalue) deliberately holds the gain back.
+    assert (covariance.diagonal() <= 1.001).all() and (covariance.diagonal() > 0.5).all()
+    assert (covariance.diagonal() > 0.95).sum() >= 8
+    assert (covariance - torch.diag(covariance.diagonal())).abs().max() < 0.05
+    assert torch.equal(model.whiten.weight[:12], -model.whiten.weight[12:])
+    assert not model.whiten.weight.requires_grad
+
+
+def test_alternating_flip_mirrors_each_image_the_other_way_every_epoch():
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.arange(64)  # labels identify the images through the shuffle
+    cfg = DataConfig(augment=AugmentConfig(flip=True, alternate_flip=True), mean=(0, 0, 0), std=(1 / 255,) * 3)
+    loader = data.TrainLoader(images, labels, 16, cfg, seed=3)
+
+    def flipped_in(epoch):
+        state = {}
+        for x, y in loader.epoch(epoch):
+            for img, label in zip(x, y):
+                original = images[label].float()
+                assert torch.equal(img, original) or torch.equal(img, original.flip(2))
+                state[int(label)] = torch.equal(img, original.flip(2)) and not torch.equal(original, original.flip(2))
+        return state
+    first, second, third = flipped_in(1), flipped_in(2), flipped_in(3)
+    assert all(first[i] != second[i] for i in first) and first == third
+    assert 16 < sum(first.values()) < 48  # random, not all one way, in the first epoch
+
+
+def test_lookahead_pulls_back_toward_the_slow_weights_and_ends_on_them():
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    lookahead = Lookahead(model, every=2, decay=0.5, total_steps=4)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    lookahead.step(model)  # step 1: no sync
+    assert model.weight.eq(1.0).all()
+    lookahead.step(model)  # step 2: keep = 0.5**2 * (2/4)**3 = 1/32 of the slow (zero) weights
+    assert torch.allclose(model.weight, torch.full((1, 2), 31 / 32))
+    saved = lookahead.state_dict()
+    with torch.no_grad():
+        model.weight.fill_(5.0)
+    lookahead.step(model)
+    lookahead.step(model)  # the last step: the model becomes the slow weights
+    assert torch.allclose(model.weight, torch.full((1, 2), 31 / 32))
+    restored = Lookahead(model, every=2, decay=0.5, total_steps=4)
+    restored.load_state_dict(saved)
+    assert restored.steps == 2 and torch.allclose(restored.slow["weight"], torch.full((1, 2), 31 / 32))
+
+
+def test_triangular_schedule_and_vector_groups():
+    recipe = load_recipe("fast")
+    model = models.create("fastnet")
+    optimizer = build_optimizer(model, recipe.optim)
+    weights, vectors = optimizer.param_groups
+    assert vectors["lr"] == pytest.approx(64 * weights["lr"])
+    assert vectors["lr"] * vectors["weight_decay"] == pytest.approx(weights["lr"] * weights["weight_decay"], rel=1e-3)
+    assert all(p.requires_grad for g in optimizer.param_groups for p in g["params"])  # frozen ones left out
+    schedule = build_schedule(optimizer, recipe.schedule, epochs=10, steps_per_epoch=100)
+    lrs = []
+    for _ in range(1000):
+        lrs.append(optimizer.param_groups[0]["lr"] / recipe.optim.lr)
+        optimizer.step()
+        schedule.step()
+    peak = max(range(1000), key=lambda i: lrs[i])
+    assert lrs[0] == pytest.approx(0.2) and 225 <= peak <= 235 and lrs[peak] == pytest.approx(1.0, abs=0.01)
+    assert lrs[-1] == pytest.approx(0.07, abs=0.01)
+
+
+def test_tta_views_are_mirrors_and_one_pixel_shifts():
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    views = tta_views(x, True)
+    assert len(views) == 6 and all(v.shape == x.shape for v in views)
+    assert torch.equal(views[0], x) and torch.equal(views[3], x.flip(3))
+    assert torch.equal(views[1][..., 1:, 1:], x[..., :-1, :-1])  # content moved one pixel down-right
+    assert torch.equal(views[2][..., :-1, :-1], x[..., 1:, 1:])
+    assert tta_views(x, False) == [x]
+
+
+def test_statistics_against_a_target():
+    result = statistics_against([0.941, 0.943, 0.939, 0.942, 0.940], 0.94)
+    assert result["mean"] == pytest.approx(0.941) and result["std"] == pytest.approx(0.0015811, rel=1e-4)
+    # t = (0.941 - 0.94) / (0.0015811 / sqrt 5) = 1.4142 with 4 degrees of freedom: p = 0.1151, CI half-width 0.001963
+    assert result["p_value_mean_above_target"] == pytest.approx(0.1151, abs=2e-4)
+    assert result["ci95"] == pytest.approx([0.941 - 0.001963, 0.941 + 0.001963], abs=2e-6)
+    assert statistics_against([0.95], 0.94)["std"] is None
+
+
+def test_fast_recipe_smoke_one_epoch(cifar_home, tmp_path):
+    """Correctness only (CI has 2 cores): one epoch of the real fast recipe on the sample, TTA evaluation included."""
+    summary = train.run(load_recipe("fast", ["train.epochs=1", "train.batch_size=100"]), out=tmp_path / "fast")
+    assert summary["model"] == "fastnet" and 0.1 < summary["test_acc"] <= 1.0
+    assert summary["test_acc"] > 0.15  # one epoch on 2,000 images already beats chance
+
+
+def test_speedrun_command(cifar_home, tmp_path, capsys):
+    out = tmp_path / "speed"
+    assert main(["speedrun", "--recipe", "simplecnn", "--runs", "2", "--target", "0.1", "--set", "train.epochs=2",
+                 "--set", "data.subset=500", "--out", str(out), "--json", str(tmp_path / "s.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "| 0 |" in printed and "| 1 |" in printed and "one-sided t-test" in printed
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert [r["seed"] for r in report["runs"]] == [0, 1]
+    assert all(len(r["curve"]) == 2 and r["curve"][1]["elapsed_s"] <= r["wall_time_s"] for r in report["runs"])
+    assert report["accuracy"]["n"] == 2 and "wall_time_s" in report["timer_covers"]
+    assert (out / "speedrun.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "speedrun.json").read_text())["runs"] == report["runs"]
