@@ -41,9 +41,12 @@ def bench_block() -> str:
     bench = json.loads((RESULTS / "bench-train-cpu.json").read_text())
     env = bench["environment"]
     baseline = bench["results"][0]["mode"]
+    model_names = " ".join(dict.fromkeys(r["model"] for r in bench["results"]))
+    modes = " ".join(dict.fromkeys(r["mode"] for r in bench["results"]))
+    command = (f"cifarkit bench --models {model_names} --modes {modes} --batch-size {bench['batch_size']} "
+               f"--steps {bench['steps']} --rounds {bench['rounds']} --json results/bench-train-cpu.json")
     lines = [f"{env['processor']}, {env['threads']} threads, torch {env['torch']}; batch {bench['batch_size']}, "
-             f"median of {bench['rounds']} interleaved rounds of {bench['steps']} steps "
-             "(`cifarkit bench --json results/bench-train-cpu.json`).", "",
+             f"median of {bench['rounds']} interleaved rounds of {bench['steps']} steps (`{command}`).", "",
              f"| model | mode | training img/s | vs {baseline} |", "|---|---|---:|---:|"]
     for r in bench["results"]:
         lines.append(f"| `{r['model']}` | {r['mode']} | {r['images_per_s']:,.0f} | "
