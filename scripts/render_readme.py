@@ -54,7 +54,24 @@ def bench_block() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"models": models_block, "training": training_block, "bench": bench_block}
+def speedrun_block() -> str:
+    lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | file |",
+             "|---|---:|---:|---:|---|---:|---:|---|"]
+    for path in sorted(RESULTS.glob("speedrun-*.json")):
+        report = json.loads(path.read_text())
+        acc, wall = report["accuracy"], report["wall_time_s"]
+        overrides = "".join(f" `{o}`" for o in report["overrides"])
+        if acc["std"] is None:
+            spread = "n/a | n/a | n/a"
+        else:
+            spread = (f"{100 * acc['std']:.2f} | [{100 * acc['ci95'][0]:.2f}, {100 * acc['ci95'][1]:.2f}] | "
+                      f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
+        lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
+                     f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | `results/{path.name}` |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block}
 
 
 def main() -> None:

@@ -91,12 +91,14 @@ def test_triangular_schedule_and_vector_groups():
 
 def test_tta_views_are_mirrors_and_one_pixel_shifts():
     x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
-    views = tta_views(x, True)
+    weights, views = zip(*tta_views(x, True))
     assert len(views) == 6 and all(v.shape == x.shape for v in views)
+    assert sum(weights) == pytest.approx(1.0) and weights[0] == weights[3] == 0.25
     assert torch.equal(views[0], x) and torch.equal(views[3], x.flip(3))
     assert torch.equal(views[1][..., 1:, 1:], x[..., :-1, :-1])  # content moved one pixel down-right
     assert torch.equal(views[2][..., :-1, :-1], x[..., 1:, 1:])
-    assert tta_views(x, False) == [x]
+    assert torch.equal(views[4], views[1].flip(3))
+    assert tta_views(x, False) == [(1.0, x)]
 
 
 def test_statistics_against_a_target():
@@ -127,3 +129,14 @@ def test_speedrun_command(cifar_home, tmp_path, capsys):
     assert report["accuracy"]["n"] == 2 and "wall_time_s" in report["timer_covers"]
     assert (out / "speedrun.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "speedrun.json").read_text())["runs"] == report["runs"]
+
+
+def test_fastnet_convolutions_start_as_partial_identities():
+    model = models.create("fastnet")
+    convs = [m for m in model.body.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 6
+    for conv in convs:
+        x = torch.randn(2, conv.in_channels, 8, 8)
+        with torch.no_grad():
+            out = conv(x)
+        assert torch.allclose(out[:, :conv.in_channels], x, atol=1e-6)

@@ -15,9 +15,10 @@ from cifarkit.cli import main
 from cifarkit.config import load_recipe
 from cifarkit.errors import CifarkitError
 
-# Small but complete: dropout (RNG), warmup + step schedule (SequentialLR), EMA and augmentation all take part.
+# Small but complete: dropout (RNG), warmup + step schedule (SequentialLR), EMA, lookahead and augmentation
+# (alternating flips included) all take part.
 QUICK = ["train.epochs=3", "train.batch_size=100", "data.subset=1000", "schedule.warmup_epochs=1",
-         "train.ema_decay=0.9", "data.augment.cutout=8"]
+         "train.ema_decay=0.9", "train.lookahead_every=3", "data.augment.cutout=8", "data.augment.alternate_flip=true"]
 
 
 def weights(run_dir):

@@ -78,15 +78,16 @@ def _check_finite(loss_sum: torch.Tensor, step: int) -> None:
                               f"learning rate (--lr) or set train.grad_clip; the last good checkpoint is kept")
 
 
-def tta_views(x: torch.Tensor, tta: bool) -> list[torch.Tensor]:
-    """The views whose logits are averaged: with TTA, the image and its mirror, each also shifted one pixel
-    up-left and down-right (reflect padding), the small translations the training augmentation also shows."""
+def tta_views(x: torch.Tensor, tta: bool) -> list[tuple[float, torch.Tensor]]:
+    """(weight, view) pairs whose weighted logits are summed. With TTA: the image and its mirror carry half the
+    weight, and the same pair shifted one pixel up-left and down-right (reflect padding) a quarter each, the
+    small translations that training also shows (the weighting of Jordan 2024)."""
     if not tta:
-        return [x]
+        return [(1.0, x)]
     padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
     h, w = x.shape[-2:]
-    shifted = [x, padded[..., :h, :w], padded[..., 2:, 2:]]
-    return shifted + [view.flip(3) for view in shifted]
+    pairs = [(0.5, x), (0.25, padded[..., :h, :w]), (0.25, padded[..., 2:, 2:])]
+    return [(weight / 2, view) for weight, view in pairs] + [(weight / 2, view.flip(3)) for weight, view in pairs]
 
 
 @torch.no_grad()
@@ -100,7 +101,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
         x = normalize(x.to(device, non_blocking=True), mean, std).contiguous(memory_format=memory_format)
         y = y.to(device, non_blocking=True)
         with autocast(device, precision):
-            logits = torch.stack([model(view).float() for view in tta_views(x, tta)]).mean(0)
+            logits = sum(weight * model(view).float() for weight, view in tta_views(x, tta))
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
         predictions.append(logits.argmax(1).cpu())
     predictions = torch.cat(predictions)
