@@ -19,7 +19,7 @@ def test_builtin_recipes_load_and_match_the_write_ups():
     assert (c.optim.name, c.optim.lr, c.schedule.step_epochs, c.schedule.gamma, c.train.epochs,
             c.train.batch_size) == ("adam", 1e-3, 10, 0.5, 15, 128)
     assert load_recipe("simplecnn").train.batch_size == 64
-    assert DEFAULT_RECIPE == "cifar10net"
+    assert DEFAULT_RECIPE == "fast"
 
 
 def test_overrides_are_typed_and_dotted():

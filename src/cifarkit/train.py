@@ -136,8 +136,7 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     records = _read_metrics(out / "metrics.jsonl", start_epoch)
     writer = SummaryWriter(str(out / "tb"), purge_step=start_epoch + 1)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last,
-                     tta=cfg.tta)
+    eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
             stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size, loss_fn,
@@ -153,7 +152,8 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
                         best = {"val_acc": val["acc"], "epoch": epoch}
                         checkpoint.save_weights(out / "checkpoints" / "best.safetensors", eval_model,
                                                 recipe.model.name, mean, std, epoch=epoch)
-                test = evaluate(eval_model, test_x, test_y, **eval_args)
+                # TTA (several passes per image) only for the final measurement; progress checks stay cheap.
+                test = evaluate(eval_model, test_x, test_y, tta=cfg.tta and epoch == cfg.epochs, **eval_args)
                 record.update(test_loss=test["loss"], test_acc=test["acc"])
             record["elapsed_s"] = elapsed + time.perf_counter() - started
             records.append(record)
@@ -173,7 +173,7 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
         final_model, _ = checkpoint.load_weights(out / "checkpoints" / "best.safetensors")
         final_model = final_model.to(device).to(memory_format=memory_format)
         selected_epoch = best["epoch"]
-        test = evaluate(final_model, test_x, test_y, **eval_args)
+        test = evaluate(final_model, test_x, test_y, tta=cfg.tta, **eval_args)
     checkpoint.save_weights(out / "model.safetensors", final_model, recipe.model.name, mean, std,
                             recipe=recipe.name, epoch=selected_epoch)
     summary = {

@@ -77,8 +77,3 @@ class FastNet(nn.Module):
 @register
 def fastnet() -> nn.Module:
     return FastNet((64, 256, 256))
-
-
-@register
-def fastnet_wide() -> nn.Module:
-    return FastNet((128, 384, 384))
