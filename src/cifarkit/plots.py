@@ -70,8 +70,8 @@ def accuracy_vs_time(runs: list[dict], target: float, path: Path, title: str) ->
         ax.plot(run["wall_time_s"] / 60, 100 * run["test_acc"], "o", color=line.get_color())
     ax.axhline(100 * target, color="black", linestyle="--", linewidth=1, label=f"target {100 * target:.1f}%")
     ax.set(xlabel="wall clock (min)", ylabel="test accuracy (%)", title=title)
-    finals = [100 * r["test_acc"] for r in runs]
-    ax.set_ylim(max(min(finals + [100 * target]) - 10, 0), 100)
+    lowest = min([100 * p["test_acc"] for r in runs for p in r["curve"]] + [100 * target])
+    ax.set_ylim(max(lowest - 2, 0), 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, path)

@@ -101,22 +101,8 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     test_x, test_y = dataset.test_x.to(device), dataset.test_y.to(device)
     mean, std = recipe.data.mean, recipe.data.std
 
-    model = models.create(recipe.model.name).to(device)
-    if hasattr(model, "init_from_data"):  # data-dependent initialization, e.g. FastNet's whitening filters
-        sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(cfg.seed))[:5000]
-        model.init_from_data(data.normalize(loader.images[sample.to(device)], mean, std))
-    model = model.to(memory_format=memory_format)
-    optimizer = build_optimizer(model, recipe.optim)
-    total_steps = cfg.epochs * loader.steps_per_epoch
-    state = TrainState(
-        model=model,
-        forward=torch.compile(model) if cfg.compile else model,
-        optimizer=optimizer,
-        scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch),
-        scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler),
-        ema=build_ema(model, cfg.ema_decay),
-        lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay, total_steps),
-    )
+    state = _build_state(recipe, loader, device, precision, memory_format)
+    model, optimizer = state.model, state.optimizer
     params = models.count_params(model)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
                 "dataset_sha256": dataset.sha256, "train_images": len(loader.images), "val_images": len(val_x)}
@@ -187,6 +173,27 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     log.info("done: test accuracy %.2f%% (epoch %d), wall time %.1f s, run folder %s",
              100 * summary["test_acc"], selected_epoch, summary["wall_time_s"], out)
     return summary
+
+
+def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision, memory_format
+                 ) -> TrainState:
+    cfg = recipe.train
+    model = models.create(recipe.model.name).to(device)
+    if hasattr(model, "init_from_data"):  # data-dependent initialization, e.g. FastNet's whitening filters
+        sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(cfg.seed))[:5000]
+        model.init_from_data(data.normalize(loader.images[sample.to(device)], recipe.data.mean, recipe.data.std))
+    model = model.to(memory_format=memory_format)
+    optimizer = build_optimizer(model, recipe.optim)
+    return TrainState(
+        model=model,
+        forward=torch.compile(model) if cfg.compile else model,
+        optimizer=optimizer,
+        scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch),
+        scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler),
+        ema=build_ema(model, cfg.ema_decay),
+        lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay,
+                                  total_steps=cfg.epochs * loader.steps_per_epoch),
+    )
 
 
 def _log_epoch(record: dict, writer) -> None:
