@@ -28,6 +28,7 @@ def test_overrides_are_typed_and_dotted():
     assert r.train.epochs == 3 and r.optim.lr == 0.01 and r.data.augment.cutout == 8
     assert r.data.mean == (0.5, 0.5, 0.5) and r.train.grad_clip is None and r.train.ema_decay == 0.99
     assert isinstance(load_recipe("cifar10net", ["optim.lr=1"]).optim.lr, float)
+    assert load_recipe("cifar10net", ["optim.weight_decay=5e-4"]).optim.weight_decay == 5e-4  # YAML reads a str
 
 
 @pytest.mark.parametrize("override, message", [

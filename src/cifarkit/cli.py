@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="test accuracy, per-class accuracy and confusion matrix of trained weights")
     p.add_argument("target", help="run folder or .safetensors file")
-    p.add_argument("--tta", action="store_true", help="average the logits of each image and its mirror image")
+    p.add_argument("--tta", action="store_true", help="test-time augmentation: mirror + 1-pixel shifts, weighted logits")
     p.add_argument("--json", action="store_true")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     p.add_argument("--figure", help="confusion-matrix PNG (default: confusion.png beside the weights)")

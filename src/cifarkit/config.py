@@ -127,6 +127,12 @@ def _coerce(value, annotation, key: str):
         return tuple(_coerce(v, t, key) for v, t in zip(value, item_types))
     if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if annotation is float and isinstance(value, str):
+        # YAML 1.1 reads "5e-4" (no dot) as a string; it is still the number everyone means.
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if annotation is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if annotation in (bool, str) and isinstance(value, annotation):
