@@ -77,3 +77,9 @@ class FastNet(nn.Module):
 @register
 def fastnet() -> nn.Module:
     return FastNet((64, 256, 256))
+
+
+@register
+def fastnet_wide() -> nn.Module:
+    # airbench95's widths: about 2.5x the compute of fastnet for ~1 more point in a longer run.
+    return FastNet((128, 384, 384))
