@@ -7,14 +7,16 @@ slows every configuration alike instead of one of them; compare the ratios, whic
 from __future__ import annotations
 
 import statistics
+import time
 
+import numpy as np
 import torch
 
 from cifarkit import models
 from cifarkit.config import AugmentConfig, DataConfig, OptimConfig, ScheduleConfig
 from cifarkit.data import TrainLoader
 from cifarkit.device import configure, pick_precision
-from cifarkit.engine import TrainState, train_one_epoch
+from cifarkit.engine import ClassificationLoss, TrainState, train_one_epoch
 from cifarkit.optim import build_optimizer, build_schedule
 
 MODES = {"fp32": ("fp32", False), "fp32+cl": ("fp32", True), "bf16+cl": ("bf16", True), "fp16+cl": ("fp16", True)}
@@ -34,7 +36,7 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     loader = TrainLoader(images, labels, batch_size, DataConfig(augment=AugmentConfig(crop_pad=4, flip=True)),
                          seed=0, memory_format=memory_format)
     batches = loader.epoch(1)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    loss_fn = ClassificationLoss()
     # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
     train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None)
     stats = train_one_epoch(state, batches, steps, batch_size, loss_fn, device, precision, None)
@@ -55,3 +57,26 @@ def train_throughput(model_names, modes, device: torch.device, batch_size: int =
         rows.append({"model": model_name, "mode": mode, "images_per_s": median, "samples": values,
                      f"speedup_vs_{modes[0]}": median / baseline})
     return rows
+
+
+def inference_throughput(classifiers: dict, pixels: np.ndarray, batch_sizes=(1, 256), rounds: int = 5,
+                         seconds_per_sample: float = 0.5) -> list[dict]:
+    """img/s of `Classifier.logits` (normalization + forward, from 32 x 32 uint8 pixels) per backend and batch size.
+
+    Each sample runs batches for about `seconds_per_sample`; backends are interleaved within each round and the
+    median sample is kept, so the ratios between backends survive a noisy machine.
+    """
+    samples = {(name, bs): [] for name in classifiers for bs in batch_sizes}
+    for name, classifier in classifiers.items():  # warm-up: first calls pick kernels and fill allocator caches
+        for bs in batch_sizes:
+            classifier.logits(pixels[:bs])
+    for _ in range(rounds):
+        for (name, bs), values in samples.items():
+            batch, count, start = pixels[:bs], 0, time.perf_counter()
+            while time.perf_counter() - start < seconds_per_sample:
+                classifiers[name].logits(batch)
+                count += 1
+            values.append(count * bs / (time.perf_counter() - start))
+    return [{"backend": name, "batch_size": bs, "images_per_s": statistics.median(values),
+             "ms_per_batch": 1000 * bs / statistics.median(values), "samples": values}
+            for (name, bs), values in samples.items()]

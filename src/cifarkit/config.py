@@ -15,9 +15,7 @@ from pathlib import Path
 import yaml
 
 from cifarkit.errors import CifarkitError
-
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+from cifarkit.preprocess import MEAN as CIFAR10_MEAN, STD as CIFAR10_STD
 
 
 @dataclass
@@ -86,6 +84,13 @@ class TrainConfig:
 
 
 @dataclass
+class DistillConfig:
+    teacher: str | None = None  # a release: a shipped version name ("A") or a release folder; None = off
+    temperature: float = 4.0  # softens both distributions so the teacher's ranking of the wrong classes teaches
+    weight: float = 0.3  # loss = (1 - weight) * CE + weight * T^2 * KL(teacher || student)
+
+
+@dataclass
 class Recipe:
     name: str = "custom"
     description: str = ""
@@ -94,6 +99,7 @@ class Recipe:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 CHOICES = {
@@ -166,7 +172,8 @@ def _apply(obj, updates: dict, prefix: str = "") -> None:
 
 def _check_ranges(recipe: Recipe) -> None:
     positive = {"train.epochs": recipe.train.epochs, "train.batch_size": recipe.train.batch_size,
-                "optim.lr": recipe.optim.lr, "train.eval_every": recipe.train.eval_every}
+                "optim.lr": recipe.optim.lr, "train.eval_every": recipe.train.eval_every,
+                "distill.temperature": recipe.distill.temperature}
     for key, value in positive.items():
         if value <= 0:
             raise CifarkitError(f"bad value for {key}: {value!r} (must be > 0)")
@@ -174,6 +181,8 @@ def _check_ranges(recipe: Recipe) -> None:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
     if recipe.train.ema_decay is not None and not 0.0 < recipe.train.ema_decay < 1.0:
         raise CifarkitError(f"bad value for train.ema_decay: {recipe.train.ema_decay} (must be in (0, 1))")
+    if not 0.0 <= recipe.distill.weight <= 1.0:
+        raise CifarkitError(f"bad value for distill.weight: {recipe.distill.weight} (must be in [0, 1])")
 
 
 def builtin_recipes() -> dict[str, Path]:

@@ -33,6 +33,36 @@ class TrainState:
     lookahead: Lookahead | None = None
 
 
+class ClassificationLoss:
+    """Cross-entropy (with label smoothing) on the labels; called as loss(logits, labels, inputs)."""
+
+    def __init__(self, label_smoothing: float = 0.0):
+        self.cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        return self.cross_entropy(logits, labels)
+
+
+class DistillationLoss(ClassificationLoss):
+    """(1 - weight) * CE + weight * T^2 * KL(teacher || student) at temperature T (Hinton et al. 2015).
+
+    The teacher sees the same augmented batch as the student. T^2 keeps the soft term's gradients on the scale of
+    the hard term's, whatever T is.
+    """
+
+    def __init__(self, teacher: nn.Module, temperature: float, weight: float, label_smoothing: float = 0.0):
+        super().__init__(label_smoothing)
+        self.teacher, self.temperature, self.weight = teacher.eval().requires_grad_(False), temperature, weight
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits = self.teacher(inputs).float()
+        t = self.temperature
+        soft = F.kl_div(F.log_softmax(logits / t, 1), F.log_softmax(teacher_logits / t, 1), log_target=True,
+                        reduction="batchmean")
+        return (1 - self.weight) * super().__call__(logits, labels, inputs) + self.weight * t * t * soft
+
+
 def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size: int, loss_fn: Callable,
                     device: torch.device, precision: Precision, grad_clip: float | None,
                     description: str = "") -> dict:
@@ -47,7 +77,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
     for step, (inputs, labels) in enumerate(batches, 1):
         with autocast(device, precision):
             logits = state.forward(inputs)
-            loss = loss_fn(logits.float(), labels)
+            loss = loss_fn(logits.float(), labels, inputs)
         state.optimizer.zero_grad(set_to_none=True)
         state.scaler.scale(loss).backward()
         if grad_clip is not None:

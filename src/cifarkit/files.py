@@ -8,6 +8,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def permissions(base: int = 0o666) -> int:
+    """`base` less the process umask: what open() would have given. mkstemp/mkdtemp use 0600/0700 instead."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return base & ~umask
+
+
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path beside `path`; rename it onto `path` only if the block finishes."""
@@ -17,6 +24,7 @@ def atomic_path(path: str | Path):
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, permissions())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -18,7 +18,7 @@ import cifarkit
 from cifarkit import checkpoint, data, models, plots
 from cifarkit.config import Recipe, recipe_from_dict, to_dict
 from cifarkit.device import configure, describe, pick_device, pick_precision, report
-from cifarkit.engine import TrainState, evaluate, train_one_epoch
+from cifarkit.engine import ClassificationLoss, DistillationLoss, TrainState, evaluate, train_one_epoch
 from cifarkit.errors import CifarkitError
 from cifarkit.files import write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
@@ -106,6 +106,7 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     params = models.count_params(model)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
                 "dataset_sha256": dataset.sha256, "train_images": len(loader.images), "val_images": len(val_x)}
+    loss_fn = _loss(recipe, device, memory_format, run_info)  # before config.yaml: it records the teacher
     start_epoch, elapsed, train_time, best = 0, 0.0, 0.0, {"val_acc": -1.0, "epoch": None}
     if resumed is not None:
         checkpoint.restore_training(state, resumed)
@@ -121,7 +122,6 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     from torch.utils.tensorboard import SummaryWriter
     records = _read_metrics(out / "metrics.jsonl", start_epoch)
     writer = SummaryWriter(str(out / "tb"), purge_step=start_epoch + 1)
-    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
     eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
@@ -194,6 +194,23 @@ def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device,
         lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay,
                                   total_steps=cfg.epochs * loader.steps_per_epoch),
     )
+
+
+def _loss(recipe: Recipe, device: torch.device, memory_format, run_info: dict) -> ClassificationLoss:
+    distill = recipe.distill
+    if distill.teacher is None:
+        return ClassificationLoss(recipe.train.label_smoothing)
+    from cifarkit.inference import release_dir
+    folder = release_dir(distill.teacher)
+    teacher, meta = checkpoint.load_weights(folder)
+    if tuple(meta["mean"]) != tuple(recipe.data.mean) or tuple(meta["std"]) != tuple(recipe.data.std):
+        raise CifarkitError(f"teacher {folder} normalizes with mean {meta['mean']} / std {meta['std']}, the recipe "
+                            f"with {recipe.data.mean} / {recipe.data.std}; set data.mean and data.std to the teacher's")
+    run_info["teacher"] = {"release": str(folder), "model": meta["model"]}
+    log.info("distilling from %s (%s), temperature %g, weight %g", folder, meta["model"], distill.temperature,
+             distill.weight)
+    return DistillationLoss(teacher.to(device).to(memory_format=memory_format), distill.temperature, distill.weight,
+                            recipe.train.label_smoothing)
 
 
 def _log_epoch(record: dict, writer) -> None:

@@ -1,0 +1,55 @@
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from cifarkit import train
+from cifarkit.config import load_recipe
+from cifarkit.engine import ClassificationLoss, DistillationLoss
+from cifarkit.errors import CifarkitError
+
+
+class FixedLogits(nn.Module):
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, inputs):
+        return self.logits
+
+
+def test_distillation_loss_is_0_7_ce_plus_0_3_t2_kl():
+    torch.manual_seed(0)
+    student, teacher, labels = torch.randn(6, 10), torch.randn(6, 10), torch.randint(0, 10, (6,))
+    t = 4.0
+    loss = DistillationLoss(FixedLogits(teacher), temperature=t, weight=0.3)(student, labels, None)
+    p_teacher = (teacher / t).softmax(1)
+    kl = (p_teacher * (p_teacher.log() - (student / t).log_softmax(1))).sum(1).mean()
+    expected = 0.7 * nn.functional.cross_entropy(student, labels) + 0.3 * t * t * kl
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    # A student that already matches its teacher only learns from the labels.
+    matched = DistillationLoss(FixedLogits(student), temperature=t, weight=0.3)(student, labels, None)
+    assert matched.item() == pytest.approx(0.7 * ClassificationLoss()(student, labels, None).item(), rel=1e-5)
+
+
+def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp_path):
+    out = tmp_path / "student"
+    recipe = load_recipe("distill", [f"distill.teacher={released}", "train.epochs=1", "data.subset=500"])
+    summary = train.run(recipe, out=out)
+    assert 0.0 <= summary["test_acc"] <= 1.0
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["distill"]["teacher"] == str(released)
+    assert config["run"]["teacher"]["model"] == "simplecnn"
+    assert "distilling from" in (out / "train.log").read_text()
+
+
+def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp_path):
+    recipe = load_recipe("distill", [f"distill.teacher={released}", "train.epochs=1", "data.subset=500",
+                                     "data.mean=[0.5, 0.5, 0.5]"])
+    with pytest.raises(CifarkitError, match="set data.mean and data.std to the teacher's"):
+        train.run(recipe, out=tmp_path / "student")
+
+
+def test_the_distill_recipe_without_a_teacher_is_the_plain_student():
+    recipe = load_recipe("distill", ["distill.teacher=null"])
+    assert recipe.distill.teacher is None and recipe.model.name == "simplecnn"
