@@ -55,3 +55,20 @@ def write_archive(path: Path, batches: dict[str, bytes] | None = None) -> Path:
 @pytest.fixture(scope="session")
 def synthetic_archive(tmp_path_factory):
     return write_archive(tmp_path_factory.mktemp("archive") / "cifar-10-python.tar.gz")
+
+
+@pytest.fixture(scope="session")
+def released(tmp_path_factory):
+    """A release of a one-epoch SimpleCNN run on the fixture data, made once per session (speed measured briefly)."""
+    from cifarkit import release, train
+    from cifarkit.config import load_recipe
+    root = tmp_path_factory.mktemp("released")
+    (root / "home").mkdir()
+    shutil.copy(FIXTURE, root / "home" / "cifar10.safetensors")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CIFARKIT_HOME", str(root / "home"))
+        patch.delenv("CIFARKIT_DATA", raising=False)
+        patch.setattr(release, "INFERENCE_ROUNDS", 1)
+        patch.setattr(release, "SECONDS_PER_SAMPLE", 0.05)
+        train.run(load_recipe("simplecnn", ["train.epochs=1", "data.subset=500"]), out=root / "run")
+        return release.make_release(root / "run", "T", root / "models")

@@ -149,6 +149,66 @@ def cmd_speedrun(args) -> None:
         print(f"wrote {args.json}")
 
 
+def cmd_release(args) -> None:
+    from cifarkit.release import make_release
+    target = make_release(Path(args.run_dir), args.name, Path(args.out), force=args.force,
+                          weights_dtype=args.weights_dtype, speedrun=Path(args.speedrun) if args.speedrun else None,
+                          keep_onnx=args.keep_onnx)
+    metrics = json.loads((target / "metrics.json").read_text())
+    inference = metrics["inference"]
+    print(f"released {target}: test accuracy {100 * metrics['test_acc']:.2f}% ({100 * metrics['test_acc_tta']:.2f}% "
+          f"with TTA), {metrics['weights_bytes'] / 1e6:.1f} MB of {metrics['weights_dtype']} weights, "
+          f"{inference['images_per_s_batch1']:,.0f} img/s at batch 1 and {inference['images_per_s_batch256']:,.0f} "
+          f"at batch 256 ({inference['default_backend']})")
+
+
+def cmd_compare(args) -> None:
+    from cifarkit.inference import SHIPPED
+    from cifarkit.release import compare
+    root = Path(args.root) if args.root else SHIPPED
+    figure = Path(args.figure) if args.figure else root / "comparison.png"
+    print(compare(root, figure))
+    print(f"\nchart: {figure}")
+
+
+def cmd_predict(args) -> None:
+    from cifarkit.inference import Classifier, release_dir
+    classifier = Classifier.load(release_dir(args.model), backend=args.backend)
+    results, failed = [], 0
+    for path in args.images:
+        try:
+            proba = classifier.predict_proba(path)
+        except ValueError as e:
+            failed += 1
+            print(f"cifarkit: error: {e}", file=sys.stderr)
+            results.append({"path": path, "error": str(e)})
+            continue
+        order = proba.argsort()[::-1][:args.topk]
+        results.append({"path": path, "index": int(order[0]), "label": classifier.classes[order[0]],
+                        "confidence": float(proba[order[0]]),
+                        "topk": [{"index": int(i), "label": classifier.classes[i], "confidence": float(proba[i])}
+                                 for i in order]})
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            if "error" in r:
+                continue
+            others = ", ".join(f"{t['label']} {100 * t['confidence']:.1f}%" for t in r["topk"][1:])
+            print(f"{r['path']}: {r['label']} ({100 * r['confidence']:.1f}%)" + (f"; then {others}" if others else ""))
+    if failed:
+        raise CifarkitError(f"{failed} of {len(args.images)} images could not be classified")
+
+
+def cmd_export(args) -> None:
+    from cifarkit.export import export
+    from cifarkit.inference import release_dir
+    report = export(release_dir(args.release), args.format)
+    print(f"wrote {report['file']} ({report['size_bytes'] / 1e6:.1f} MB); parity on {report['images']} real test "
+          f"images: max abs logit difference {report['max_abs_logit_diff']:.2e}, top-1 agreement "
+          f"{100 * report['top1_agreement']:.2f}%")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cifarkit import __version__
     from cifarkit.benchmark import MODES
@@ -226,6 +286,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
     p.add_argument("--json", help="write the results here")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("release", help="package a finished run as a versioned release folder")
+    p.add_argument("run_dir", help="folder of a finished `cifarkit train` run")
+    p.add_argument("--name", required=True, help="version name: writes <out>/version_<name>")
+    p.add_argument("--out", default="cifar10_models", help="folder holding the releases (default: cifar10_models)")
+    p.add_argument("--force", action="store_true", help="replace an existing release of that name")
+    p.add_argument("--weights-dtype", choices=("fp32", "fp16"), default="fp32",
+                   help="fp16 halves the file; the metrics are measured on the stored weights either way")
+    p.add_argument("--speedrun", help="speedrun JSON of the same recipe, for n, mean and std across seeds")
+    p.add_argument("--keep-onnx", action="store_true", help="keep the model.onnx the speed measurement used")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("compare", help="markdown table and PNG chart of the releases in a folder")
+    p.add_argument("root", nargs="?", help="folder of version_* releases (default: the shipped releases)")
+    p.add_argument("--figure", help="PNG to write (default: <root>/comparison.png)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("predict", help="classify image files with a release")
+    p.add_argument("images", nargs="+", metavar="IMAGE")
+    p.add_argument("--model", default="A", help="shipped version (A, B) or a release folder / .safetensors path")
+    p.add_argument("--topk", type=int, default=1, choices=range(1, 11), metavar="K")
+    p.add_argument("--json", action="store_true", help="one JSON list with an object per image")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"))
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("export", help="write ONNX / torch.export / TorchScript into a release, checked for parity")
+    p.add_argument("release", help="shipped version (A, B) or a release folder")
+    p.add_argument("--format", required=True, choices=("onnx", "exported", "torchscript"))
+    p.set_defaults(func=cmd_export)
     return parser
 
 

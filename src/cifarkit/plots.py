@@ -75,3 +75,17 @@ def accuracy_vs_time(runs: list[dict], target: float, path: Path, title: str) ->
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def release_comparison(releases: list[dict], path: Path) -> None:
+    """Test accuracy and batch-256 inference speed of each release, side by side."""
+    names = [f"{m['release']}\n{m['model']}" for m in releases]
+    fig, (acc_ax, speed_ax) = plt.subplots(1, 2, figsize=(9, 3.8))
+    acc_ax.bar(names, [100 * m["test_acc"] for m in releases], color="tab:blue")
+    acc_ax.set(ylabel="test accuracy (%)", title="accuracy (single view)")
+    acc_ax.set_ylim(min(100 * m["test_acc"] for m in releases) - 5, 100)
+    speed_ax.bar(names, [m["inference"]["images_per_s_batch256"] for m in releases], color="tab:orange")
+    speed_ax.set(ylabel="img/s", title="inference, batch 256")
+    for ax in (acc_ax, speed_ax):
+        ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)

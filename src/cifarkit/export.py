@@ -1,0 +1,100 @@
+"""`cifarkit export`: ONNX, torch.export and TorchScript artifacts of a release, each verified against PyTorch.
+
+An artifact lands in the release only after it matches the eager fp32 model on real test images: max abs logit
+difference <= 1e-3 and top-1 agreement >= 99.9%. Its check is recorded in the release's metrics.json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cifarkit import checkpoint, data, preprocess
+from cifarkit.errors import CifarkitError
+from cifarkit.files import atomic_path, write_json
+
+FILES = {"onnx": "model.onnx", "exported": "model.pt2", "torchscript": "model.torchscript.pt"}
+PARITY_IMAGES = 512
+MAX_ABS_DIFF = 1e-3  # fp32 against fp32: only kernel-order rounding may differ
+MIN_TOP1_AGREEMENT = 0.999
+ONNX_OPSET = 18
+
+
+def write_onnx(model: torch.nn.Module, path: Path) -> None:
+    """The model with a dynamic batch dimension, input 'image' (N x 3 x 32 x 32 float32), output 'logits'."""
+    for name in ("onnxscript", "onnx_ir"):  # their graph passes log every rewrite at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
+    example = torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.onnx.export(model, (example,), input_names=["image"], output_names=["logits"],
+                                dynamic_shapes=({0: batch},), opset_version=ONNX_OPSET, dynamo=True,
+                                verbose=False)
+    program.save(str(path))
+
+
+def _write_exported(model: torch.nn.Module, path: Path) -> None:
+    example = torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    torch.export.save(torch.export.export(model, (example,), dynamic_shapes=({0: batch},)), str(path))
+
+
+def _write_torchscript(model: torch.nn.Module, path: Path) -> None:
+    example = torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE)
+    torch.jit.save(torch.jit.trace(model, example), str(path))
+
+
+def run_artifact(fmt: str, path: Path):
+    """A function N x 3 x 32 x 32 float32 numpy -> N x 10 logits numpy, running the artifact at `path`."""
+    if fmt == "onnx":
+        import onnxruntime
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return lambda x: session.run(None, {"image": x})[0]
+    module = torch.export.load(str(path)).module() if fmt == "exported" else torch.jit.load(str(path))
+    return lambda x: module(torch.from_numpy(x)).detach().numpy()
+
+
+def parity(model: torch.nn.Module, run, images: np.ndarray) -> dict:
+    """Compare `run` with the eager fp32 model on normalized images (N x 3 x 32 x 32 float32)."""
+    with torch.inference_mode():
+        expected = model(torch.from_numpy(images)).numpy()
+    got = run(images)
+    return {"images": len(images), "max_abs_logit_diff": float(np.abs(got - expected).max()),
+            "top1_agreement": float((got.argmax(1) == expected.argmax(1)).mean())}
+
+
+def parity_images(count: int, mean, std) -> np.ndarray:
+    """The first `count` real test images, normalized."""
+    dataset = data.load()
+    pixels = dataset.test_x[:count].permute(0, 2, 3, 1).numpy()
+    return preprocess.normalize(pixels, mean, std)
+
+
+def export(release: Path, fmt: str) -> dict:
+    if fmt not in FILES:
+        raise CifarkitError(f"unknown export format {fmt!r}; choose from {', '.join(FILES)}")
+    release = Path(release)
+    model, meta = checkpoint.load_weights(release)
+    target = release / FILES[fmt]
+    writer = {"onnx": write_onnx, "exported": _write_exported, "torchscript": _write_torchscript}[fmt]
+    with atomic_path(target) as tmp:
+        writer(model, tmp)
+        check = parity(model, run_artifact(fmt, tmp), parity_images(PARITY_IMAGES, meta["mean"], meta["std"]))
+        if check["max_abs_logit_diff"] > MAX_ABS_DIFF or check["top1_agreement"] < MIN_TOP1_AGREEMENT:
+            raise CifarkitError(f"{fmt} export failed its parity check ({_describe(check)}); nothing was written")
+    report = {"format": fmt, "file": target.name, "size_bytes": target.stat().st_size, **check,
+              "limits": {"max_abs_logit_diff": MAX_ABS_DIFF, "top1_agreement": MIN_TOP1_AGREEMENT},
+              "torch": str(torch.__version__)}
+    metrics_path = release / "metrics.json"
+    if metrics_path.exists():
+        metrics = json.loads(metrics_path.read_text())
+        metrics.setdefault("exports", {})[fmt] = report
+        write_json(metrics_path, metrics)
+    return report
+
+
+def _describe(check: dict) -> str:
+    return (f"max abs logit difference {check['max_abs_logit_diff']:.2e} (limit {MAX_ABS_DIFF:g}), top-1 agreement "
+            f"{100 * check['top1_agreement']:.2f}% (limit {100 * MIN_TOP1_AGREEMENT:g}%) on {check['images']} images")

@@ -1,0 +1,247 @@
+"""`cifarkit release` and `cifarkit compare`: versioned, self-describing model folders, and a table across them.
+
+A release is `<root>/version_<name>/`:
+    model.safetensors   weights (metadata: model name, mean, std)
+    config.yaml         model, training and data sections
+    preprocess.py       standalone (numpy + Pillow) image -> normalized 3 x 32 x 32 input, with this release's mean/std
+    metrics.json        every number below, measured by this command on this machine
+    MODEL_CARD.md       the same, for people
+It is assembled in a hidden temporary folder and renamed into place, so a crash leaves the old release intact.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from cifarkit import benchmark, checkpoint, data, device, export, models, plots, preprocess
+from cifarkit.engine import evaluate, per_class_accuracy
+from cifarkit.errors import CifarkitError
+from cifarkit.files import permissions, write_json, write_text
+from cifarkit.inference import BACKENDS, ONNX_NAME, Classifier
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+INFERENCE_ROUNDS = 5  # interleaved rounds per backend and batch size; the median is kept
+SECONDS_PER_SAMPLE = 0.5  # long enough for ~20 batches of 256 on 2 cores
+
+
+def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weights_dtype: str = "fp32",
+                 speedrun: Path | None = None, keep_onnx: bool = False) -> Path:
+    run_dir, root = Path(run_dir), Path(root)
+    if not NAME_PATTERN.fullmatch(name):
+        raise CifarkitError(f"release name {name!r} is not usable in a folder name; use letters, digits, . _ -")
+    for needed in ("summary.json", "config.yaml", "model.safetensors"):
+        if not (run_dir / needed).is_file():
+            raise CifarkitError(f"{run_dir} has no {needed}: give the folder of a finished `cifarkit train` run")
+    target = root / f"version_{name}"
+    if target.exists() and not force:
+        raise CifarkitError(f"{target} already exists; pass --force to replace it, or choose another --name")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".version_{name}.", suffix=".tmp"))
+    try:
+        _assemble(tmp, run_dir, name, weights_dtype, speedrun, keep_onnx)
+        os.chmod(tmp, permissions(0o777))
+        _swap_into_place(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _swap_into_place(new: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(new, target)
+        return
+    old = target.with_name(f".{target.name}.replaced")
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(target, old)
+    os.rename(new, target)
+    shutil.rmtree(old)
+
+
+def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedrun: Path | None,
+              keep_onnx: bool) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    run_config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    model, meta = checkpoint.load_weights(run_dir)
+    mean, std = meta["mean"], meta["std"]
+    weights_path = folder / "model.safetensors"
+    checkpoint.save_weights(weights_path, model.to(WEIGHT_DTYPES[weights_dtype]), meta["model"], mean, std,
+                            release=name, recipe=summary["recipe"])
+    model, _ = checkpoint.load_weights(weights_path)  # measure what ships, after any rounding to fp16
+    model = model.float()
+    write_text(folder / "preprocess.py", _standalone_preprocess(mean, std))
+    dataset = data.load()
+    cpu = torch.device("cpu")
+    plain = evaluate(model, dataset.test_x, dataset.test_y, mean, std, cpu, device.PRECISIONS["fp32"])
+    tta = evaluate(model, dataset.test_x, dataset.test_y, mean, std, cpu, device.PRECISIONS["fp32"], tta=True)
+    onnx_path = folder / ONNX_NAME
+    export.write_onnx(model, onnx_path)
+    inference = _measure_inference(model, mean, std, onnx_path, dataset, plain["predictions"])
+    if not keep_onnx:
+        onnx_path.unlink()
+    metrics = {
+        "release": name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "source_run": str(run_dir), "recipe": summary["recipe"], "model": meta["model"],
+        "test_acc": plain["acc"],
+        "test_acc_per_class": dict(zip(data.CLASSES, per_class_accuracy(plain["predictions"], dataset.test_y))),
+        "test_images": len(dataset.test_y),
+        "test_acc_evaluation": "single view, fp32, no TTA: exactly what Classifier.predict computes",
+        "test_acc_tta": tta["acc"],
+        "speedrun": _speedrun_stats(speedrun, summary["recipe"]) if speedrun else None,
+        "training": {k: summary.get(k) for k in ("wall_time_s", "train_time_s", "device", "precision", "epochs",
+                                                   "seed", "test_acc")},
+        "params": models.count_params(model), "macs": models.count_macs(model),
+        "weights_dtype": weights_dtype, "weights_bytes": weights_path.stat().st_size,
+        "inference": inference,
+        "torch": str(torch.__version__), "dataset_sha256": dataset.sha256,
+        "weights_sha256": hashlib.sha256(weights_path.read_bytes()).hexdigest(),
+    }
+    write_json(folder / "metrics.json", metrics)
+    config = {
+        "model": {"name": meta["model"], "params": metrics["params"], "macs": metrics["macs"],
+                  "input": [3, preprocess.SIZE, preprocess.SIZE], "classes": list(data.CLASSES)},
+        "training": {"recipe": summary["recipe"], "optim": run_config["optim"], "schedule": run_config["schedule"],
+                     "train": run_config["train"], "run": run_config.get("run", {})},
+        "data": {**run_config["data"], "dataset_sha256": dataset.sha256},
+    }
+    write_text(folder / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    write_text(folder / "MODEL_CARD.md", model_card(metrics, config))
+
+
+def _standalone_preprocess(mean, std) -> str:
+    source = inspect.getsource(preprocess)
+    source = re.sub(r"^MEAN = .*$", f"MEAN = {tuple(mean)!r}", source, count=1, flags=re.M)
+    return re.sub(r"^STD = .*$", f"STD = {tuple(std)!r}", source, count=1, flags=re.M)
+
+
+def _speedrun_stats(path: Path, recipe: str) -> dict:
+    report = json.loads(Path(path).read_text())
+    if Path(report["recipe"]).stem != recipe:
+        raise CifarkitError(f"{path} is a speedrun of {report['recipe']!r}, not of this run's recipe {recipe!r}")
+    acc = report["accuracy"]
+    return {"n": acc["n"], "mean": acc["mean"], "std": acc["std"], "ci95": acc["ci95"],
+            "wall_time_s_mean": report["wall_time_s"]["mean"], "evaluation": "with the recipe's TTA",
+            "file": str(path)}
+
+
+def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predictions) -> dict:
+    classifiers = {backend: Classifier(model, mean, std, backend=backend, onnx_path=onnx_path)
+                   for backend in BACKENDS}
+    pixels = dataset.test_x.permute(0, 2, 3, 1).numpy()
+    agreement = {}
+    for backend, classifier in classifiers.items():
+        predictions = np.concatenate([classifier.logits(pixels[i:i + 1000]).argmax(1).numpy()
+                                      for i in range(0, len(pixels), 1000)])
+        agreement[backend] = float((predictions == fp32_predictions.numpy()).mean())
+    rows = benchmark.inference_throughput(classifiers, pixels[:256], rounds=INFERENCE_ROUNDS,
+                                          seconds_per_sample=SECONDS_PER_SAMPLE)
+    speed = {(r["backend"], r["batch_size"]): r["images_per_s"] for r in rows}
+    # The default is the fastest backend at batch 256 whose top-1 predictions agree with fp32's as closely as an
+    # export must (99.9% of the test images): the same answers, up to a rounding-level tie here and there.
+    same = [b for b in BACKENDS if agreement[b] >= export.MIN_TOP1_AGREEMENT]
+    default = max(same, key=lambda b: speed[(b, 256)])
+    return {
+        "measured_on": device.report(torch.device("cpu")),
+        "what": f"img/s of Classifier.logits: 32x32 uint8 pixels -> normalization -> logits, median of {INFERENCE_ROUNDS} rounds",
+        "throughput": [{k: v for k, v in r.items() if k != "samples"} for r in rows],
+        "top1_agreement_with_fp32": agreement,
+        "default_backend": default,
+        "images_per_s_batch1": speed[(default, 1)], "images_per_s_batch256": speed[(default, 256)],
+    }
+
+
+def model_card(metrics: dict, config: dict) -> str:
+    per_class = "\n".join(f"| {label} | {100 * acc:.1f}% |" for label, acc in metrics["test_acc_per_class"].items())
+    speed = "\n".join(f"| {r['backend']} | {r['batch_size']} | {r['images_per_s']:,.0f} | {r['ms_per_batch']:.2f} |"
+                      for r in metrics["inference"]["throughput"])
+    train = metrics["training"]
+    spread = ""
+    if metrics["speedrun"]:
+        s = metrics["speedrun"]
+        spread = (f"\nOver {s['n']} seeds of the same recipe (with TTA): mean {100 * s['mean']:.2f}%"
+                  + (f", std {100 * s['std']:.2f}" if s["std"] is not None else "") + ".\n")
+    machine = metrics["inference"]["measured_on"]
+    return f"""# CIFAR-10 classifier, release {metrics['release']}
+
+Written by `cifarkit release` on {metrics['created']}; every number here comes from `metrics.json`.
+
+## Model
+- Architecture `{metrics['model']}`: {metrics['params']:,} parameters, {metrics['macs']:,} MACs per image.
+- Input: RGB 32 x 32, normalized with mean {config['data']['mean']} and std {config['data']['std']}
+  (`preprocess.py` does it for any image, with numpy and Pillow only).
+- Output: 10 logits for {', '.join(config['model']['classes'])}.
+- Weights stored as {metrics['weights_dtype']} ({metrics['weights_bytes'] / 1e6:.1f} MB), sha256 `{metrics['weights_sha256']}`.
+
+## Training
+Recipe `{metrics['recipe']}`, seed {train['seed']}, {train['epochs']} epochs on {train['device']}
+({train['precision']}): wall time {train['wall_time_s'] / 60:.1f} min. Data: the CIFAR-10 training set (50,000 images),
+content sha256 `{metrics['dataset_sha256']}`. The test set was never used to choose anything.
+
+## Evaluation
+Test accuracy {100 * metrics['test_acc']:.2f}% on the {metrics['test_images']:,} CIFAR-10 test images
+({metrics['test_acc_evaluation']}); {100 * metrics['test_acc_tta']:.2f}% with mirror + 1-pixel-shift TTA.
+{spread}
+| class | accuracy |
+|---|---:|
+{per_class}
+
+## Inference speed
+On {machine['processor']} ({machine['threads']} threads), torch {metrics['torch']}; {metrics['inference']['what']}.
+Default backend: `{metrics['inference']['default_backend']}` (the fastest at batch 256 whose top-1 predictions agree
+with fp32's on at least 99.9% of the test images).
+
+| backend | batch | img/s | ms per batch |
+|---|---:|---:|---:|
+{speed}
+
+## Use
+```python
+from cifarkit import Classifier
+clf = Classifier.load("version_{metrics['release']}")   # or Classifier.pretrained() for the shipped default
+clf.predict("image.png")          # class index
+clf.topk("image.png", k=3)        # [(label, probability), ...]
+```
+
+## Limits
+Trained on 32 x 32 CIFAR-10 photos of ten classes: any other image is squeezed to 32 x 32 and forced into one of
+these classes. Accuracy on images unlike CIFAR-10 (drawings, close-ups, other classes) is not measured here.
+"""
+
+
+def compare(root: Path, figure: Path | None = None) -> str:
+    """The side-by-side markdown table of every release under `root`, and a PNG chart."""
+    root = Path(root)
+    releases = []
+    for folder in sorted(root.glob("version_*")):
+        metrics_path = folder / "metrics.json"
+        if metrics_path.is_file():
+            releases.append(json.loads(metrics_path.read_text()))
+    if not releases:
+        raise CifarkitError(f"no releases (version_*/metrics.json) under {root}; write one with `cifarkit release`")
+    lines = ["| version | recipe | model | params | test acc | test acc TTA | seeds (mean +- std) | training time | "
+             "img/s batch 1 | img/s batch 256 | weights |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for m in releases:
+        s = m["speedrun"]
+        seeds = "n = 1"
+        if s and s["std"] is not None:
+            seeds = f"n = {s['n']}: {100 * s['mean']:.2f}% +- {100 * s['std']:.2f}"
+        inf = m["inference"]
+        lines.append(f"| {m['release']} | `{m['recipe']}` | `{m['model']}` | {m['params']:,} | "
+                     f"{100 * m['test_acc']:.2f}% | {100 * m['test_acc_tta']:.2f}% | {seeds} | "
+                     f"{m['training']['wall_time_s'] / 60:.1f} min ({m['training']['device']}) | "
+                     f"{inf['images_per_s_batch1']:,.0f} | {inf['images_per_s_batch256']:,.0f} | "
+                     f"{m['weights_bytes'] / 1e6:.1f} MB |")
+    plots.release_comparison(releases, figure or root / "comparison.png")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from cifarkit import CIFAR10Classifier, Classifier, data, preprocess
+from cifarkit.cli import main
+
+
+@pytest.fixture(scope="module")
+def classifier(released):
+    return Classifier.load(released, backend="torch-fp32")
+
+
+@pytest.fixture
+def test_image(cifar_home):
+    """(a real 32 x 32 test image as H x W x 3 uint8, its label)"""
+    dataset = data.load()
+    return dataset.test_x[0].permute(1, 2, 0).numpy(), int(dataset.test_y[0])
+
+
+def test_every_input_kind_gives_the_same_answer_for_the_same_picture(classifier, test_image, tmp_path):
+    pixels, _ = test_image
+    path = tmp_path / "img.png"
+    Image.fromarray(pixels).save(path)
+    expected = classifier.predict_proba(pixels)
+    inputs = [str(path), path, Image.open(path), torch.from_numpy(pixels).permute(2, 0, 1),
+              torch.from_numpy(pixels).permute(2, 0, 1).float() / 255, pixels.astype(np.float64) / 255]
+    for image in inputs:
+        np.testing.assert_allclose(classifier.predict_proba(image), expected, atol=1e-5)
+
+
+def test_odd_modes_and_sizes_are_converted(classifier, tmp_path):
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (300, 200, 3), dtype=np.uint8)
+    images = {
+        "large RGB": Image.fromarray(rgb),
+        "grayscale": Image.fromarray(rgb[:, :, 0]),
+        "RGBA": Image.fromarray(np.dstack([rgb, rgb[:, :, :1]])),
+        "palette": Image.fromarray(rgb).convert("P"),
+        "16-bit": Image.fromarray(rng.integers(0, 65535, (40, 40), dtype=np.uint16)),
+        "1-bit": Image.fromarray(rgb[:, :, 0] > 128),
+        "tiny": Image.fromarray(rgb[:5, :7]),
+        "gray array": rgb[:, :, 0],
+        "uint16 array": rng.integers(0, 65535, (50, 50, 3), dtype=np.uint16),
+    }
+    for kind, image in images.items():
+        x = preprocess.preprocess(image)
+        assert x.shape == (3, 32, 32) and x.dtype == np.float32 and np.isfinite(x).all(), kind
+        assert 0 <= classifier.predict(image) < 10, kind
+    # Transparent pixels become white, not whatever colour they hid.
+    clear = Image.new("RGBA", (32, 32), (0, 0, 0, 0))
+    assert (preprocess.to_uint8(clear) == 255).all()
+
+
+def test_downscaling_is_antialiased():
+    stripes = np.zeros((256, 256, 3), np.uint8)
+    stripes[:, ::2] = 255  # one-pixel stripes: nearest-neighbour sampling would give pure black or white
+    small = preprocess.to_uint8(stripes).astype(float)
+    assert abs(small.mean() - 127.5) < 5 and small.std() < 10
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("missing.png", "no such image file"),
+    ("notes.txt", "is not an image Pillow can read"),
+    ("broken.png", "broken image file"),
+    (np.zeros((10, 10, 5), np.uint8), "must be H x W or H x W x 1/3/4"),
+    (np.full((4, 4), np.nan), "NaN or infinite"),
+    (torch.zeros(7, 8, 8), "C x H x W with 1, 3 or 4 channels"),
+    ({"not": "an image"}, "cannot read an image from a dict"),
+])
+def test_bad_input_raises_a_value_error_that_names_the_problem(classifier, tmp_path, monkeypatch, bad, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("hello")
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "whole.png")
+    (tmp_path / "broken.png").write_bytes((tmp_path / "whole.png").read_bytes()[:60])
+    with pytest.raises(ValueError, match=message):
+        classifier.predict(bad)
+
+
+def test_labels_probabilities_topk_and_batches_agree(classifier, cifar_home):
+    dataset = data.load()
+    images = [dataset.test_x[i].permute(1, 2, 0).numpy() for i in range(20)]
+    batch = classifier.predict_batch(images, batch_size=8)
+    assert batch == [classifier.predict(image) for image in images]
+    proba = classifier.predict_proba(images[0])
+    assert proba.shape == (10,) and proba.sum() == pytest.approx(1.0, abs=1e-5)
+    top = classifier.topk(images[0], k=3)
+    assert [label for label, _ in top][0] == classifier.predict_label(images[0]) == data.CLASSES[batch[0]]
+    assert top[0][1] >= top[1][1] >= top[2][1]
+    with pytest.raises(ValueError, match="k must be between 1 and 10"):
+        classifier.topk(images[0], k=11)
+
+
+def test_the_seeds_interface_still_works(released):
+    seed_style = CIFAR10Classifier(version="T", root=released.parent)
+    image = np.zeros((32, 32, 3), np.uint8)
+    assert seed_style.predict(image) == Classifier.load(released).predict(image)
+
+
+def test_predict_command_reports_each_image_and_fails_only_the_bad_ones(released, tmp_path, capsys):
+    good = tmp_path / "good.png"
+    Image.new("RGB", (50, 40), "blue").save(good)
+    bad = tmp_path / "bad.png"
+    bad.write_text("not a png")
+    code = main(["predict", "--model", str(released), "--topk", "3", "--json", str(good), str(bad)])
+    captured = capsys.readouterr()
+    assert code != 0
+    results = json.loads(captured.out)
+    assert results[0]["path"] == str(good) and results[0]["label"] in data.CLASSES
+    assert 0 < results[0]["confidence"] <= 1 and len(results[0]["topk"]) == 3
+    assert data.CLASSES[results[0]["index"]] == results[0]["label"]
+    assert "error" in results[1] and "bad.png" in captured.err
+    assert main(["predict", "--model", str(released), str(good)]) == 0
+    assert capsys.readouterr().out.startswith(f"{good}: ")

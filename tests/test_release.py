@@ -1,0 +1,140 @@
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from cifarkit import data, export, release
+from cifarkit.cli import main
+from cifarkit.errors import CifarkitError
+from cifarkit.inference import Classifier
+
+
+def test_release_folder_holds_what_a_user_needs(released):
+    for name in ("model.safetensors", "config.yaml", "preprocess.py", "metrics.json", "MODEL_CARD.md"):
+        assert (released / name).is_file(), name
+    metrics = json.loads((released / "metrics.json").read_text())
+    assert metrics["model"] == "simplecnn" and metrics["params"] == 113_738 and metrics["macs"] > 0
+    assert set(metrics["test_acc_per_class"]) == set(data.CLASSES)
+    assert metrics["weights_sha256"] == hashlib.sha256((released / "model.safetensors").read_bytes()).hexdigest()
+    for key in ("wall_time_s", "device", "seed"):
+        assert metrics["training"][key] is not None, key
+    inference = metrics["inference"]
+    assert {(r["backend"], r["batch_size"]) for r in inference["throughput"]} == {
+        (b, bs) for b in ("torch-fp32", "torch-bf16", "onnxruntime") for bs in (1, 256)}
+    assert inference["top1_agreement_with_fp32"]["torch-fp32"] == 1.0
+    assert inference["top1_agreement_with_fp32"][inference["default_backend"]] >= 0.999
+    assert not (released / "model.onnx").exists()  # measured, then dropped: `cifarkit export` writes artifacts
+    config = yaml.safe_load((released / "config.yaml").read_text())
+    assert {"model", "training", "data"} <= set(config)
+    assert config["training"]["recipe"] == "simplecnn" and config["model"]["classes"] == list(data.CLASSES)
+    assert not list(released.parent.glob(".version_*"))  # no temporary folder left behind
+
+
+def test_recorded_accuracy_is_what_the_classifier_scores(released, cifar_home):
+    metrics = json.loads((released / "metrics.json").read_text())
+    dataset = data.load()
+    classifier = Classifier.load(released, backend="torch-fp32")
+    predictions = classifier.logits(dataset.test_x.permute(0, 2, 3, 1).numpy()).argmax(1)
+    assert (predictions == dataset.test_y).float().mean().item() == pytest.approx(metrics["test_acc"], abs=1e-6)
+
+
+def test_shipped_preprocess_runs_without_torch_or_cifarkit(released, tmp_path):
+    script = (released / "preprocess.py").read_text()
+    assert "import torch" not in script and "cifarkit" not in script.split('"""', 2)[2]
+    image = tmp_path / "big.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (97, 61, 3), dtype=np.uint8)).save(image)
+    # torch is made unimportable: the script must get by with numpy and Pillow.
+    code = ("import sys; sys.modules['torch'] = None; from preprocess import preprocess; "
+            f"x = preprocess({str(image)!r}); print(x.shape, x.dtype)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=released, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "(3, 32, 32) float32"
+
+
+def test_an_existing_release_is_kept_unless_forced(released, tmp_path):
+    run_dir = released.parent.parent / "run"
+    before = (released / "metrics.json").read_bytes()
+    with pytest.raises(CifarkitError, match="already exists; pass --force"):
+        release.make_release(run_dir, "T", released.parent)
+    assert (released / "metrics.json").read_bytes() == before
+
+
+def test_force_replaces_a_release_atomically(released, tmp_path, monkeypatch):
+    root = tmp_path / "models"
+    shutil.copytree(released.parent, root)
+    monkeypatch.setenv("CIFARKIT_HOME", str(released.parent.parent / "home"))
+    monkeypatch.setattr(release, "INFERENCE_ROUNDS", 1)
+    monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
+    release.make_release(released.parent.parent / "run", "T", root, force=True, weights_dtype="fp16")
+    metrics = json.loads((root / "version_T" / "metrics.json").read_text())
+    assert metrics["weights_dtype"] == "fp16"
+    assert metrics["weights_bytes"] < json.loads((released / "metrics.json").read_text())["weights_bytes"] * 0.6
+    assert sorted(p.name for p in root.iterdir()) == ["version_T"]
+
+
+def test_release_needs_a_finished_run(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    assert main(["release", str(tmp_path / "run"), "--name", "X", "--out", str(tmp_path / "models")]) == 2
+    assert "has no summary.json" in capsys.readouterr().err
+    assert not (tmp_path / "models" / "version_X").exists()
+    assert main(["release", str(tmp_path / "run"), "--name", "../evil", "--out", str(tmp_path)]) == 2
+
+
+def test_compare_prints_a_table_and_draws_a_chart(released, tmp_path, capsys):
+    figure = tmp_path / "cmp.png"
+    assert main(["compare", str(released.parent), "--figure", str(figure)]) == 0
+    out = capsys.readouterr().out
+    assert "| T | `simplecnn` | `simplecnn` | 113,738 |" in out
+    assert figure.stat().st_size > 0
+    assert main(["compare", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "exported", "torchscript"])
+def test_export_matches_pytorch(released, cifar_home, tmp_path, fmt):
+    target = tmp_path / "version_T"
+    shutil.copytree(released, target)
+    report = export.export(target, fmt)
+    assert (target / export.FILES[fmt]).is_file()
+    assert report["max_abs_logit_diff"] <= 1e-3 and report["top1_agreement"] >= 0.999
+    assert report["images"] == 500  # the fixture's whole test split (fewer than 512)
+    assert json.loads((target / "metrics.json").read_text())["exports"][fmt]["file"] == export.FILES[fmt]
+
+
+def test_export_that_fails_parity_writes_nothing(released, cifar_home, tmp_path, monkeypatch, capsys):
+    target = tmp_path / "version_T"
+    shutil.copytree(released, target)
+    monkeypatch.setattr(export, "MAX_ABS_DIFF", -1.0)
+    assert main(["export", str(target), "--format", "torchscript"]) == 2
+    assert "failed its parity check" in capsys.readouterr().err
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in released.iterdir())
+
+
+def test_onnx_backend_agrees_with_fp32(released, cifar_home, tmp_path):
+    target = tmp_path / "version_T"
+    shutil.copytree(released, target)
+    export.export(target, "onnx")
+    pixels = data.load().test_x[:64].permute(0, 2, 3, 1).numpy()
+    fp32 = Classifier.load(target, backend="torch-fp32").logits(pixels)
+    onnx = Classifier.load(target, backend="onnxruntime").logits(pixels)
+    assert (fp32 - onnx).abs().max().item() < 1e-3
+
+
+def test_onnxruntime_without_an_exported_file_exports_once_into_the_cache(released, cifar_home):
+    assert not (released / "model.onnx").exists()
+    pixels = data.load().test_x[:16].permute(0, 2, 3, 1).numpy()
+    onnx = Classifier.load(released, backend="onnxruntime").logits(pixels)
+    cached = list((cifar_home / "onnx").glob("*.onnx"))
+    assert len(cached) == 1
+    again = Classifier.load(released, backend="onnxruntime")
+    assert list((cifar_home / "onnx").glob("*.onnx")) == cached
+    assert (again.logits(pixels) - onnx).abs().max().item() == 0
+    fp32 = Classifier.load(released, backend="torch-fp32").logits(pixels)
+    assert (fp32 - onnx).abs().max().item() < 1e-3
