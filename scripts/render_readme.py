@@ -11,8 +11,9 @@ import json
 import re
 from pathlib import Path
 
-from cifarkit import models
+from cifarkit import models, release
 from cifarkit.files import write_text
+from cifarkit.inference import SHIPPED
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -68,10 +69,35 @@ def speedrun_block() -> str:
                       f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
         lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
                      f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | `results/{path.name}` |")
+    for summary_path in sorted(RESULTS.glob("*/summary.json")):  # single full runs: the seed baselines
+        s = json.loads(summary_path.read_text())
+        lines.append(f"| `{s['recipe']}` (seed {s['seed']}, one run) | 1 | {100 * s['test_acc']:.2f}% | n/a | n/a | n/a | "
+                     f"{s['wall_time_s'] / 60:.1f} / {s['wall_time_s'] / 60:.1f} min | "
+                     f"`results/{summary_path.parent.name}/summary.json` |")
     return "\n".join(lines)
 
 
-BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block}
+def releases_block() -> str:
+    return release.compare(SHIPPED, RESULTS / "releases.png")
+
+
+def inference_block() -> str:
+    lines = ["| release | model | backend | img/s, batch 1 | ms, batch 1 | img/s, batch 256 | top-1 = fp32 on test set |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for path in sorted(SHIPPED.glob("version_*/metrics.json")):
+        m = json.loads(path.read_text())
+        inference = m["inference"]
+        speed = {(r["backend"], r["batch_size"]): r for r in inference["throughput"]}
+        for backend, agreement in inference["top1_agreement_with_fp32"].items():
+            one, many = speed[(backend, 1)], speed[(backend, 256)]
+            default = " (default)" if backend == inference["default_backend"] else ""
+            lines.append(f"| {m['release']} | `{m['model']}` | {backend}{default} | {one['images_per_s']:,.0f} | "
+                         f"{one['ms_per_batch']:.2f} | {many['images_per_s']:,.0f} | {100 * agreement:.2f}% |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
+          "releases": releases_block, "inference": inference_block}
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ def fastnet_params(w1, w2, w3):
 # The write-ups state these counts; cifar10net's is exact, resnet18's is "about 11.2M".
 EXPECTED_PARAMS = {"cifar10net": (815_018, 815_018), "simplecnn": (113_738, 113_738),
                    "resnet18": (11_150_000, 11_300_000),
-                   "fastnet": (fastnet_params(64, 256, 256),) * 2}
+                   "fastnet": (fastnet_params(64, 256, 256),) * 2,
+                   "fastnet_wide": (fastnet_params(128, 384, 384),) * 2}
 
 
 @pytest.mark.parametrize("name", models.names())
@@ -40,7 +41,7 @@ def test_resnet18_keeps_full_resolution_in_the_stem():
 
 
 def test_unknown_model_lists_the_choices():
-    with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, resnet18, simplecnn"):
+    with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, fastnet_wide, resnet18, simplecnn"):
         models.create("resnet50")
 
 

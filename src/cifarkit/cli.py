@@ -166,7 +166,8 @@ def cmd_compare(args) -> None:
     from cifarkit.inference import SHIPPED
     from cifarkit.release import compare
     root = Path(args.root) if args.root else SHIPPED
-    figure = Path(args.figure) if args.figure else root / "comparison.png"
+    # Beside the user's releases; for the shipped ones (inside the package), in the current folder.
+    figure = Path(args.figure) if args.figure else (root if args.root else Path()) / "comparison.png"
     print(compare(root, figure))
     print(f"\nchart: {figure}")
 
@@ -300,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="markdown table and PNG chart of the releases in a folder")
     p.add_argument("root", nargs="?", help="folder of version_* releases (default: the shipped releases)")
-    p.add_argument("--figure", help="PNG to write (default: <root>/comparison.png)")
+    p.add_argument("--figure", help="PNG to write (default: comparison.png in ROOT, or here for the shipped ones)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("predict", help="classify image files with a release")

@@ -20,7 +20,8 @@ def atomic_path(path: str | Path):
     """Yield a temporary path beside `path`; rename it onto `path` only if the block finishes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # The real suffix goes last: some writers (torch.export.save) insist on it.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
     os.close(fd)
     try:
         yield Path(tmp)

@@ -1,0 +1,106 @@
+"""Any image -> the normalized 3 x 32 x 32 float32 array a CIFAR-10 model takes. numpy and Pillow only.
+
+This file is standalone on purpose: `cifarkit release` copies it into every release with that release's mean and
+std, so the preprocessing ships with the weights and runs without cifarkit or torch:
+
+    from preprocess import preprocess
+    x = preprocess("dog.png")          # (3, 32, 32) float32, ready for ONNX Runtime after x[None]
+
+Accepted inputs: a file path, a PIL image, a numpy array (H x W, H x W x 1/3/4; uint8, uint16 or float in [0, 1])
+or a torch tensor (C x H x W or H x W, uint8 or float in [0, 1]), of any size. Grayscale, palette, RGBA and 16-bit
+images become RGB; resizing is antialiased. Anything else raises ValueError naming the problem.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.247, 0.2435, 0.2616)
+SIZE = 32
+
+
+def load_image(image) -> Image.Image:
+    """The input as an RGB PIL image of its own size."""
+    if isinstance(image, (str, Path)):
+        return _open(Path(image))
+    if isinstance(image, Image.Image):
+        return _to_rgb(image)
+    if hasattr(image, "detach") and hasattr(image, "cpu"):  # a torch tensor, without importing torch
+        array = image.detach().cpu().numpy()
+        if array.ndim == 3:
+            if array.shape[0] not in (1, 3, 4):
+                raise ValueError(f"a tensor image must be C x H x W with 1, 3 or 4 channels, got shape {array.shape}")
+            array = array.transpose(1, 2, 0)
+        return _from_array(array)
+    if isinstance(image, np.ndarray):
+        return _from_array(image)
+    raise ValueError(f"cannot read an image from a {type(image).__name__}; give a file path, a PIL image, "
+                     f"a numpy array or a torch tensor")
+
+
+def to_uint8(image) -> np.ndarray:
+    """The input resized (antialiased) to 32 x 32 x 3 uint8."""
+    rgb = load_image(image)
+    if rgb.size != (SIZE, SIZE):
+        rgb = rgb.resize((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=None)
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def normalize(pixels: np.ndarray, mean=MEAN, std=STD) -> np.ndarray:
+    """N x 32 x 32 x 3 (or 32 x 32 x 3) uint8 -> N x 3 x 32 x 32 (or 3 x 32 x 32) float32, standardized per channel."""
+    scaled = (pixels.astype(np.float32) / 255 - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return np.ascontiguousarray(np.moveaxis(scaled, -1, -3))
+
+
+def preprocess(image, mean=MEAN, std=STD) -> np.ndarray:
+    return normalize(to_uint8(image), mean, std)
+
+
+def _open(path: Path) -> Image.Image:
+    if not path.exists():
+        raise ValueError(f"no such image file: {path}")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file; give an image file")
+    try:
+        with Image.open(path) as opened:
+            opened.load()  # decode now: a truncated file fails here, not later
+            return _to_rgb(opened)
+    except UnidentifiedImageError:
+        raise ValueError(f"{path} is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, WebP, ...)") from None
+    except OSError as e:
+        raise ValueError(f"{path} is a broken image file ({e})") from None
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16/32-bit grayscale: rescale before 8-bit RGB
+        return _from_array(np.asarray(image))
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        # Transparent pixels show the colour under them otherwise, which is arbitrary; put them on white.
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _from_array(array: np.ndarray) -> Image.Image:
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)) or 0 in array.shape:
+        raise ValueError(f"an array image must be H x W or H x W x 1/3/4, got shape {array.shape}")
+    if array.dtype == np.uint8:
+        pixels = array
+    elif array.dtype == np.uint16:
+        pixels = (array >> 8).astype(np.uint8)
+    elif np.issubdtype(array.dtype, np.integer):  # 32-bit integer images (Pillow's "I" mode) hold 16-bit data
+        pixels = (np.clip(array, 0, 65535) >> 8).astype(np.uint8)
+    elif np.issubdtype(array.dtype, np.floating) or array.dtype == np.bool_:
+        if not np.isfinite(array).all():
+            raise ValueError("the image array holds NaN or infinite values")
+        pixels = (np.clip(array.astype(np.float32), 0, 1) * 255 + 0.5).astype(np.uint8)
+    else:
+        raise ValueError(f"unsupported image dtype {array.dtype}; use uint8, uint16 or floats in [0, 1]")
+    image = Image.fromarray(pixels)
+    return _to_rgb(image) if image.mode != "RGB" else image

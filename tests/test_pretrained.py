@@ -1,0 +1,53 @@
+"""Quality gate for the shipped releases: each must still score what its metrics.json records."""
+import os
+
+import pytest
+
+from cifarkit import Classifier, data
+from cifarkit.inference import SHIPPED
+from conftest import FIXTURE
+
+RELEASES = sorted(p.name.removeprefix("version_") for p in SHIPPED.glob("version_*"))
+MAX_BYTES = 10 * 10**6
+REAL_DATA_TOLERANCE = 0.003  # the issue's gate: the recorded test accuracy minus 0.3 points
+# Single-view accuracy on the committed fixture's 500 test images through each release's default backend, as
+# `pytest tests/test_pretrained.py -k gate -s` prints it: A 95.8%, B 94.2% (2026-11-29, this project's 2-core
+# Xeon). The gate sits one point (5 images) lower, for kernel differences between CPUs.
+FIXTURE_THRESHOLD = {"A": 0.948, "B": 0.932}
+
+
+def test_releases_a_and_b_ship_and_a_is_the_default():
+    assert RELEASES == ["A", "B"]
+    assert Classifier.pretrained().info["release"] == "A"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_shipped_release_is_small_and_complete(version):
+    folder = SHIPPED / f"version_{version}"
+    shipped = [folder / name for name in ("model.safetensors", "config.yaml", "preprocess.py", "metrics.json",
+                                          "MODEL_CARD.md")]
+    assert all(path.is_file() for path in shipped)
+    assert sum(path.stat().st_size for path in shipped) <= MAX_BYTES  # exports are rebuilt, not shipped
+
+
+@pytest.fixture(scope="module")
+def gate_data():
+    """(test images, labels, real?): the real test set when CIFARKIT_DATA names the archive, else the fixture's."""
+    if os.environ.get("CIFARKIT_DATA"):
+        dataset = data.load()
+        return dataset.test_x, dataset.test_y, True
+    dataset = data.load_cache(FIXTURE)
+    return dataset.test_x, dataset.test_y, False
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_gate_shipped_release_scores_its_recorded_accuracy(version, gate_data):
+    images, labels, real = gate_data
+    classifier = Classifier.pretrained(version)
+    predictions = classifier.predict_batch(images.permute(0, 2, 3, 1).numpy())
+    accuracy = sum(int(p == y) for p, y in zip(predictions, labels.tolist())) / len(labels)
+    print(f"release {version}: {100 * accuracy:.2f}% on {len(labels)} {'real' if real else 'fixture'} test images")
+    if real:
+        assert accuracy >= classifier.info["test_acc"] - REAL_DATA_TOLERANCE
+    else:
+        assert accuracy >= FIXTURE_THRESHOLD[version]
