@@ -27,12 +27,16 @@ def models_block() -> str:
     return "\n".join(lines)
 
 
+def full_runs() -> list[tuple[str, dict]]:
+    """(folder name, summary) of each kept `cifarkit train` run in results/."""
+    return [(path.parent.name, json.loads(path.read_text())) for path in sorted(RESULTS.glob("*/summary.json"))]
+
+
 def training_block() -> str:
     lines = ["| run | recipe | epochs | test accuracy | wall time | train time | device | precision | torch |",
              "|---|---|---:|---:|---:|---:|---|---|---|"]
-    for summary_path in sorted(RESULTS.glob("*/summary.json")):
-        s = json.loads(summary_path.read_text())
-        lines.append(f"| `results/{summary_path.parent.name}` | `{s['recipe']}` | {s['epochs']} | "
+    for folder, s in full_runs():
+        lines.append(f"| `results/{folder}` | `{s['recipe']}` | {s['epochs']} | "
                      f"{100 * s['test_acc']:.2f}% | {s['wall_time_s'] / 60:.1f} min | {s['train_time_s'] / 60:.1f} min "
                      f"| {s['device']} | {s['precision']} | {s['torch']} |")
     return "\n".join(lines)
@@ -69,11 +73,10 @@ def speedrun_block() -> str:
                       f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
         lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
                      f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | `results/{path.name}` |")
-    for summary_path in sorted(RESULTS.glob("*/summary.json")):  # single full runs: the seed baselines
-        s = json.loads(summary_path.read_text())
-        lines.append(f"| `{s['recipe']}` (seed {s['seed']}, one run) | 1 | {100 * s['test_acc']:.2f}% | n/a | n/a | n/a | "
-                     f"{s['wall_time_s'] / 60:.1f} / {s['wall_time_s'] / 60:.1f} min | "
-                     f"`results/{summary_path.parent.name}/summary.json` |")
+    for folder, s in full_runs():  # single full runs: the seed baselines
+        minutes = s["wall_time_s"] / 60
+        lines.append(f"| `{s['recipe']}` (seed {s['seed']}, one run) | 1 | {100 * s['test_acc']:.2f}% | n/a | n/a | "
+                     f"n/a | {minutes:.1f} / {minutes:.1f} min | `results/{folder}/summary.json` |")
     return "\n".join(lines)
 
 

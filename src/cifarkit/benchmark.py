@@ -1,4 +1,5 @@
-"""`cifarkit bench`: training throughput (img/s) per model and precision, measured through the real training step.
+"""Throughput: `cifarkit bench` (training img/s per model and precision, through the real training step) and the
+inference img/s per backend that `cifarkit release` records.
 
 Synthetic uint8 images go through the same augmentation, autocast, backward and optimizer step as a real run.
 Configurations are measured in interleaved rounds and the median is kept, so a noisy neighbour on a shared machine
