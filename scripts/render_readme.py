@@ -73,10 +73,6 @@ def speedrun_block() -> str:
                       f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
         lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
                      f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | `results/{path.name}` |")
-    for folder, s in full_runs():  # single full runs: the seed baselines
-        minutes = s["wall_time_s"] / 60
-        lines.append(f"| `{s['recipe']}` (seed {s['seed']}, one run) | 1 | {100 * s['test_acc']:.2f}% | n/a | n/a | "
-                     f"n/a | {minutes:.1f} / {minutes:.1f} min | `results/{folder}/summary.json` |")
     return "\n".join(lines)
 
 
