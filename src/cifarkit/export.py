@@ -21,29 +21,29 @@ PARITY_IMAGES = 512
 MAX_ABS_DIFF = 1e-3  # fp32 against fp32: only kernel-order rounding may differ
 MIN_TOP1_AGREEMENT = 0.999
 ONNX_OPSET = 18
+# Any batch size from 1 to 4096 (batch 2 in the example, so the dimension is not specialized to 1).
+DYNAMIC_BATCH = ({0: torch.export.Dim("batch", min=1, max=4096)},)
+
+
+def _example() -> tuple[torch.Tensor]:
+    return (torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE),)
 
 
 def write_onnx(model: torch.nn.Module, path: Path) -> None:
     """The model with a dynamic batch dimension, input 'image' (N x 3 x 32 x 32 float32), output 'logits'."""
     for name in ("onnxscript", "onnx_ir"):  # their graph passes log every rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
-    example = torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE)
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    program = torch.onnx.export(model, (example,), input_names=["image"], output_names=["logits"],
-                                dynamic_shapes=({0: batch},), opset_version=ONNX_OPSET, dynamo=True,
-                                verbose=False)
+    program = torch.onnx.export(model, _example(), input_names=["image"], output_names=["logits"],
+                                dynamic_shapes=DYNAMIC_BATCH, opset_version=ONNX_OPSET, dynamo=True, verbose=False)
     program.save(str(path))
 
 
 def _write_exported(model: torch.nn.Module, path: Path) -> None:
-    example = torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE)
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    torch.export.save(torch.export.export(model, (example,), dynamic_shapes=({0: batch},)), str(path))
+    torch.export.save(torch.export.export(model, _example(), dynamic_shapes=DYNAMIC_BATCH), str(path))
 
 
 def _write_torchscript(model: torch.nn.Module, path: Path) -> None:
-    example = torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE)
-    torch.jit.save(torch.jit.trace(model, example), str(path))
+    torch.jit.save(torch.jit.trace(model, _example()), str(path))
 
 
 def run_artifact(fmt: str, path: Path):

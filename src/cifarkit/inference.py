@@ -47,13 +47,13 @@ class Classifier:
         self.model = model.eval().to(self.device).to(memory_format=torch.channels_last)
         self.mean, self.std, self.backend, self.info = tuple(mean), tuple(std), backend, info or {}
         self.classes = CLASSES
-        self._session = None
+        self._run_onnx = None
         if backend == "onnxruntime":
             if onnx_path is None or not Path(onnx_path).exists():
                 raise CifarkitError(f"backend onnxruntime needs {onnx_path or ONNX_NAME}; write it with "
                                     f"`cifarkit export RELEASE --format onnx` or choose another backend")
-            import onnxruntime
-            self._session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+            from cifarkit.export import run_artifact
+            self._run_onnx = run_artifact("onnx", Path(onnx_path))
         self._precision = PRECISIONS["bf16" if backend == "torch-bf16" else "fp32"]
 
     @classmethod
@@ -87,9 +87,8 @@ class Classifier:
     def logits(self, pixels: np.ndarray) -> torch.Tensor:
         """N x 32 x 32 x 3 uint8 -> N x 10 float32 logits on the CPU."""
         inputs = preprocess.normalize(pixels, self.mean, self.std)
-        if self._session is not None:
-            (out,) = self._session.run(None, {self._session.get_inputs()[0].name: inputs})
-            return torch.from_numpy(out).float()
+        if self._run_onnx is not None:
+            return torch.from_numpy(self._run_onnx(inputs)).float()
         x = torch.from_numpy(inputs).to(self.device).contiguous(memory_format=torch.channels_last)
         with torch.inference_mode(), autocast(self.device, self._precision):
             return self.model(x).float().cpu()

@@ -78,8 +78,7 @@ def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedr
     weights_path = folder / "model.safetensors"
     checkpoint.save_weights(weights_path, model.to(WEIGHT_DTYPES[weights_dtype]), meta["model"], mean, std,
                             release=name, recipe=summary["recipe"])
-    model, _ = checkpoint.load_weights(weights_path)  # measure what ships, after any rounding to fp16
-    model = model.float()
+    model, _ = checkpoint.load_weights(weights_path)  # measure what ships (fp32 model, fp16-rounded values)
     write_text(folder / "preprocess.py", _standalone_preprocess(mean, std))
     dataset = data.load()
     cpu = torch.device("cpu")
