@@ -17,6 +17,7 @@ from cifarkit import models
 from cifarkit.config import AugmentConfig, DataConfig, OptimConfig, ScheduleConfig
 from cifarkit.data import TrainLoader
 from cifarkit.device import configure, pick_precision
+from cifarkit.errors import CifarkitError
 from cifarkit.engine import ClassificationLoss, TrainState, train_one_epoch
 from cifarkit.optim import build_optimizer, build_schedule
 
@@ -46,6 +47,11 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
 
 def train_throughput(model_names, modes, device: torch.device, batch_size: int = 128, steps: int = 10,
                      rounds: int = 3) -> list[dict]:
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        raise CifarkitError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    for name in model_names:
+        models.create(name)  # an unknown name fails here, listing the registered ones, before anything is timed
     configure(device)
     samples = {(m, mode): [] for m in model_names for mode in modes}
     for _ in range(rounds):

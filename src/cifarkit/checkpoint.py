@@ -17,6 +17,8 @@ from cifarkit.engine import TrainState
 from cifarkit.errors import CifarkitError
 from cifarkit.files import atomic_path
 
+METADATA_KEY = "cifarkit"
+
 
 def rng_states() -> dict:
     states = {"torch": torch.get_rng_state()}
@@ -69,12 +71,15 @@ def restore_training(state: TrainState, payload: dict) -> None:
 
 
 def save_weights(path: Path, model: torch.nn.Module, model_name: str, mean, std, **info) -> None:
-    """Weights plus what inference needs to rebuild and feed the model, in the file's own metadata."""
+    """Weights plus what inference needs to rebuild and feed the model, in the file's own metadata.
+
+    The metadata is one key holding sorted JSON: safetensors writes a metadata map in no fixed order, so several
+    keys would make equal weights give files (and sha256s) that differ from run to run.
+    """
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    metadata = {"model": model_name, "mean": json.dumps(list(mean)), "std": json.dumps(list(std)),
-                **{k: json.dumps(v) for k, v in info.items()}}
+    described = {"model": model_name, "mean": list(mean), "std": list(std), **info}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        save_file(tensors, str(tmp), metadata={METADATA_KEY: json.dumps(described, sort_keys=True)})
 
 
 def load_weights(path: Path) -> tuple[torch.nn.Module, dict]:
@@ -90,9 +95,12 @@ def load_weights(path: Path) -> tuple[torch.nn.Module, dict]:
         raise CifarkitError(f"no weights at {path}; give a run folder or a .safetensors file") from e
     except Exception as e:
         raise CifarkitError(f"{path} is not a readable safetensors file ({e})") from e
-    if "model" not in meta:
+    if METADATA_KEY in meta:
+        meta = json.loads(meta[METADATA_KEY])
+    elif "model" in meta:  # files of cifarkit 0.1: one JSON value per key, the model name as plain text
+        meta = {k: (v if k == "model" else json.loads(v)) for k, v in meta.items()}
+    else:
         raise CifarkitError(f"{path} does not name its model in its metadata; it was not written by cifarkit")
     model = models.create(meta["model"])
     model.load_state_dict(tensors)
-    meta = {k: (v if k == "model" else json.loads(v)) for k, v in meta.items()}
     return model.eval(), meta

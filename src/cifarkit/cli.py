@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from cifarkit.errors import CifarkitError
+from cifarkit.errors import LOG_FORMAT, CifarkitError, describe_os_error
 
 DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; see README measurements
 
@@ -120,8 +120,9 @@ def cmd_bench(args) -> None:
     from cifarkit.benchmark import train_throughput
     from cifarkit.device import describe, pick_device, report
     from cifarkit.files import write_json
+    from cifarkit.models import names
     device = pick_device(args.device)
-    rows = train_throughput(args.models, args.modes, device, args.batch_size, args.steps, args.rounds)
+    rows = train_throughput(args.models or names(), args.modes, device, args.batch_size, args.steps, args.rounds)
     env = report(device)
     print("\n".join(describe(env)))
     print(f"\ntraining throughput, batch {args.batch_size}, median of {args.rounds} rounds of {args.steps} steps")
@@ -211,9 +212,9 @@ def cmd_export(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Nothing here imports torch: `cifarkit --help` and argument errors answer at once. Choices that live in the
+    # registries (models, benchmark modes) are checked by the stage, whose error lists them.
     from cifarkit import __version__
-    from cifarkit.benchmark import MODES
-    from cifarkit.models import names
     parser = argparse.ArgumentParser(prog="cifarkit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"cifarkit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -279,8 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_speedrun)
 
     p = sub.add_parser("bench", help="training img/s per model and precision (prints a table, writes JSON)")
-    p.add_argument("--models", nargs="+", default=names(), choices=names())
-    p.add_argument("--modes", nargs="+", default=["fp32", "bf16+cl"], choices=sorted(MODES))
+    p.add_argument("--models", nargs="+", help="registered model names (default: all; `cifarkit models` lists them)")
+    p.add_argument("--modes", nargs="+", default=["fp32", "bf16+cl"],
+                   help="precision and memory layout: fp32, fp32+cl, bf16+cl, fp16+cl (cl = channels-last)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
@@ -320,12 +322,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cifarkit.train import LOG_FORMAT
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
     except CifarkitError as e:
-        print(f"cifarkit: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except OSError as e:  # disk full, read-only or missing folders, permissions: the system's words and a way out
+        return _fail(describe_os_error(e))
+    except KeyboardInterrupt:
+        return _fail("interrupted; an interrupted training run continues with `cifarkit train --resume RUN_DIR`", 130)
     return 0
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"cifarkit: error: {message}", file=sys.stderr)
+    return code

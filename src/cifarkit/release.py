@@ -27,7 +27,7 @@ import yaml
 from cifarkit import benchmark, checkpoint, data, device, export, models, plots, preprocess
 from cifarkit.engine import evaluate, per_class_accuracy
 from cifarkit.errors import CifarkitError
-from cifarkit.files import permissions, write_json, write_text
+from cifarkit.files import FOLDER_MODE, write_json, write_text
 from cifarkit.inference import BACKENDS, ONNX_NAME, Classifier
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -51,7 +51,7 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".version_{name}.", suffix=".tmp"))
     try:
         _assemble(tmp, run_dir, name, weights_dtype, speedrun, keep_onnx)
-        os.chmod(tmp, permissions(0o777))
+        os.chmod(tmp, FOLDER_MODE)
         _swap_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -19,12 +19,11 @@ from cifarkit import checkpoint, data, models, plots
 from cifarkit.config import Recipe, recipe_from_dict, to_dict
 from cifarkit.device import configure, describe, pick_device, pick_precision, report
 from cifarkit.engine import ClassificationLoss, DistillationLoss, TrainState, evaluate, train_one_epoch
-from cifarkit.errors import CifarkitError
+from cifarkit.errors import LOG_FORMAT, CifarkitError
 from cifarkit.files import write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
 
 log = logging.getLogger("cifarkit")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
 def default_out(recipe: Recipe) -> Path:
