@@ -1,6 +1,7 @@
 import logging
 import os
 import pickle
+import tarfile
 
 import pytest
 import torch
@@ -70,7 +71,9 @@ def test_corrupted_bytes_are_rejected(synthetic_archive, empty_home, tmp_path):
     ({"data_batch_3": None}, "missing data_batch_3"),
     ({"test_batch": make_batch(0, labels=[0] * 10_000)}, r"test split has \[10000, 0"),
     ({"data_batch_1": make_batch(0, count=9_000)}, r"expected uint8 \(10000, 3072\)"),
-    ({"data_batch_2": make_batch(0, labels=[11] * 10_000)}, "labels must be 10000 values in 0..9"),
+    ({"data_batch_2": make_batch(0, labels=[11] * 10_000)}, "labels must be 10000 integers in 0..9"),
+    ({"data_batch_4": make_batch(0, labels=[float(i % 10) for i in range(10_000)])},
+     r"labels must be 10000 integers in 0..9, got float64"),
 ])
 def test_structural_check(tmp_path, empty_home, batches, message):
     archive = write_archive(tmp_path / "odd.tar.gz", batches)
@@ -116,6 +119,23 @@ def test_import_and_info_commands(synthetic_archive, empty_home, capsys):
     assert info["splits"]["train"]["per_class"]["truck"] == 5000
     assert info["splits"]["test"]["images"] == 10_000
     assert len(info["sha256"]) == 64
+
+
+def test_an_unreadable_archive_is_a_permission_problem_not_corruption(synthetic_archive, empty_home, monkeypatch,
+                                                                      capsys):
+    # Injected: this machine's tests run as root, whom file modes never stop, so a chmod 000 file stays readable.
+    real_open = tarfile.open
+
+    def denied(name, *args, **kwargs):
+        if str(name) == str(synthetic_archive):
+            raise PermissionError(13, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)
+    monkeypatch.setattr(tarfile, "open", denied)
+    assert main(["data", "import", str(synthetic_archive)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"cifarkit: error: Permission denied: {synthetic_archive}; check its permissions, or use a path you " \
+                  f"may access"
+    assert not data.cache_path().exists()
 
 
 def test_show_writes_a_grid(cifar_home, tmp_path):

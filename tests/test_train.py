@@ -96,7 +96,7 @@ def test_killed_run_resumes_bit_identically(cifar_home, tmp_path):
         [(r["epoch"], r["train_loss"], r["test_acc"]) for r in whole]
     again = subprocess.run([sys.executable, "-m", "cifarkit", "train", "--resume", str(broken)], env=env,
                            capture_output=True, text=True)
-    assert again.returncode == 2 and "finished all 4 epochs already" in again.stderr
+    assert again.returncode == 2 and "has finished already (it has summary.json)" in again.stderr
     assert_same_weights(weights(tmp_path / "whole"), weights(broken))
 
 

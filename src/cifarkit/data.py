@@ -106,6 +106,8 @@ def _read_source(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
                     name = Path(member.name).name
                     if member.isfile() and name in wanted:
                         found[name] = _decode_batch(tar.extractfile(member).read(), name)
+    except PermissionError:
+        raise  # the file is fine but unreadable to us: the CLI names it and the permission problem, not corruption
     except (tarfile.TarError, EOFError, zlib.error, OSError, pickle.UnpicklingError, ValueError) as e:
         raise CifarkitError(f"{path}: truncated or corrupted ({type(e).__name__}: {e}); "
                             f"fetch the archive again and re-run `cifarkit data import`") from e
@@ -119,8 +121,9 @@ def _check_structure(batches: dict, path: Path) -> None:
     for name, (data, labels) in batches.items():
         if data.dtype != np.uint8 or data.shape != (BATCH_SIZE_IN_FILE, 3072):
             raise CifarkitError(f"{path}: {name} holds {data.dtype} {data.shape}, expected uint8 (10000, 3072)")
-        if labels.shape != (BATCH_SIZE_IN_FILE,) or labels.min() < 0 or labels.max() > 9:
-            raise CifarkitError(f"{path}: {name} labels must be 10000 values in 0..9")
+        if (labels.shape != (BATCH_SIZE_IN_FILE,) or not np.issubdtype(labels.dtype, np.integer)
+                or labels.min() < 0 or labels.max() > 9):
+            raise CifarkitError(f"{path}: {name} labels must be 10000 integers in 0..9, got {labels.dtype} {labels.shape}")
     for split, names, per_class in (("train", TRAIN_BATCHES, 5000), ("test", (TEST_BATCH,), 1000)):
         counts = np.bincount(np.concatenate([batches[n][1] for n in names]), minlength=10)
         if not (counts == per_class).all():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -17,10 +18,10 @@ import yaml
 import cifarkit
 from cifarkit import checkpoint, data, models, plots
 from cifarkit.config import Recipe, recipe_from_dict, to_dict
-from cifarkit.device import configure, describe, pick_device, pick_precision, report
+from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
 from cifarkit.engine import ClassificationLoss, DistillationLoss, TrainState, evaluate, train_one_epoch
 from cifarkit.errors import LOG_FORMAT, CifarkitError
-from cifarkit.files import write_json, write_text
+from cifarkit.files import portable, write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
 
 log = logging.getLogger("cifarkit")
@@ -54,69 +55,108 @@ def _versions() -> dict:
             "numpy": numpy.__version__}
 
 
+@dataclass
+class _Setup:
+    """Everything a run needs before its first step. Built before the run folder exists, so a bad value, missing
+    data or a broken teacher fails without leaving a half-made folder behind."""
+    device: torch.device
+    precision: Precision
+    memory_format: torch.memory_format
+    dataset: data.Cifar10
+    loader: data.TrainLoader
+    val: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    state: TrainState
+    loss_fn: ClassificationLoss
+    run_info: dict
+
+
 def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | None = None) -> dict:
     """Train a recipe into a run folder (or continue the one at `resume`) and return its summary."""
     started = time.perf_counter()
     resumed = None
     if resume is not None:
         out = Path(resume)
-        config_path = out / "config.yaml"
-        if not config_path.exists():
-            raise CifarkitError(f"{out} is not a run folder (no config.yaml); give the folder a run wrote")
-        resolved = yaml.safe_load(config_path.read_text())
-        recipe = recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
-        resumed = checkpoint.load_training(out / "checkpoints" / "last.pt")
-        if resumed["epoch"] >= recipe.train.epochs:
-            raise CifarkitError(f"{out} finished all {recipe.train.epochs} epochs already; nothing to resume")
+        recipe, resumed = _read_run(out)
     else:
         out = Path(out) if out is not None else default_out(recipe)
-        if out.exists() and any(out.iterdir()):
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise CifarkitError(f"{out} already holds a run; continue it with --resume {out} or pick another --out")
+    setup = _prepare(recipe)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     handler = _attach_log_file(out / "train.log")
     try:
-        return _train(recipe, out, resumed, started)
+        return _train(recipe, setup, out, resumed, started)
     finally:
         log.removeHandler(handler)
         handler.close()
 
 
-def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> dict:
+def _read_run(out: Path) -> tuple[Recipe, dict | None]:
+    """(the recipe a run folder was started with, its last checkpoint or None if no epoch has finished yet)."""
+    config_path = out / "config.yaml"
+    if not config_path.is_file():
+        raise CifarkitError(f"{out} is not a run folder (no config.yaml); give the folder a run wrote")
+    if (out / "summary.json").is_file():
+        raise CifarkitError(f"{out} has finished already (it has summary.json); nothing to resume")
+    try:
+        resolved = yaml.safe_load(config_path.read_text())
+        if not isinstance(resolved, dict):
+            raise CifarkitError("not a mapping of recipe sections")
+        recipe = recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
+    except (yaml.YAMLError, UnicodeDecodeError, CifarkitError, TypeError, ValueError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CifarkitError(f"{config_path} is damaged ({message}); restore it, or start a new run with "
+                            f"`cifarkit train --out NEW_FOLDER`") from None
+    last = out / "checkpoints" / "last.pt"
+    return recipe, (checkpoint.load_training(last) if last.exists() else None)
+
+
+def _prepare(recipe: Recipe) -> _Setup:
     cfg = recipe.train
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     configure(device)
-    for line in describe(report(device)):
-        log.info(line)
-
     dataset = data.load()
     train_idx, val_idx = data.split_train(dataset.train_y, recipe.data.val_split, recipe.data.subset, cfg.seed)
     # Everything lives on the training device from here on: batches are sliced and augmented there, no workers.
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     loader = data.TrainLoader(dataset.train_x[train_idx].to(device), dataset.train_y[train_idx].to(device),
                               cfg.batch_size, recipe.data, cfg.seed, memory_format)
-    val_x, val_y = dataset.train_x[val_idx].to(device), dataset.train_y[val_idx].to(device)
-    test_x, test_y = dataset.test_x.to(device), dataset.test_y.to(device)
-    mean, std = recipe.data.mean, recipe.data.std
-
+    val = dataset.train_x[val_idx].to(device), dataset.train_y[val_idx].to(device)
+    test = dataset.test_x.to(device), dataset.test_y.to(device)
     state = _build_state(recipe, loader, device, precision, memory_format)
-    model, optimizer = state.model, state.optimizer
-    params = models.count_params(model)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
-                "dataset_sha256": dataset.sha256, "train_images": len(loader.images), "val_images": len(val_x)}
-    loss_fn = _loss(recipe, device, memory_format, run_info)  # before config.yaml: it records the teacher
+                "dataset_sha256": dataset.sha256, "train_images": len(loader.images), "val_images": len(val[0])}
+    loss_fn = _loss(recipe, device, memory_format, run_info)  # after the model: the teacher's init draws random numbers
+    return _Setup(device, precision, memory_format, dataset, loader, val, test, state, loss_fn, run_info)
+
+
+def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, started: float) -> dict:
+    cfg = recipe.train
+    device, precision, loader, state = setup.device, setup.precision, setup.loader, setup.state
+    (val_x, val_y), (test_x, test_y) = setup.val, setup.test
+    model, optimizer = state.model, state.optimizer
+    mean, std = recipe.data.mean, recipe.data.std
+    for line in describe(report(device)):
+        log.info(line)
+    if "teacher" in setup.run_info:
+        teacher = setup.run_info["teacher"]
+        log.info("distilling from %s (%s), temperature %g, weight %g", teacher["release"], teacher["model"],
+                 recipe.distill.temperature, recipe.distill.weight)
     start_epoch, elapsed, train_time, best = 0, 0.0, 0.0, {"val_acc": -1.0, "epoch": None}
     if resumed is not None:
         checkpoint.restore_training(state, resumed)
         start_epoch, elapsed, train_time, best = (resumed["epoch"], resumed["elapsed_s"], resumed["train_time_s"],
                                                   resumed["best"])
         log.info("resuming %s after epoch %d of %d", out, start_epoch, cfg.epochs)
-    else:
-        write_text(out / "config.yaml", yaml.safe_dump({**to_dict(recipe), "run": run_info}, sort_keys=False))
+    elif not (out / "config.yaml").exists():
+        write_text(out / "config.yaml",
+                   yaml.safe_dump({**to_dict(recipe), "run": setup.run_info}, sort_keys=False))
     log.info("recipe %s: model %s (%s params), %d train / %d val images, batch %d, %d epochs, precision %s",
-             recipe.name, recipe.model.name, f"{params:,}", len(loader.images), len(val_x), cfg.batch_size, cfg.epochs,
-             precision.name)
+             recipe.name, recipe.model.name, f"{models.count_params(model):,}", len(loader.images), len(val_x),
+             cfg.batch_size, cfg.epochs, precision.name)
 
     from torch.utils.tensorboard import SummaryWriter
     records = _read_metrics(out / "metrics.jsonl", start_epoch)
@@ -124,8 +164,9 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
-            stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size, loss_fn,
-                                    device, precision, cfg.grad_clip, description=f"epoch {epoch}/{cfg.epochs}")
+            stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size,
+                                    setup.loss_fn, device, precision, cfg.grad_clip,
+                                    description=f"epoch {epoch}/{cfg.epochs}")
             train_time += stats["epoch_time_s"]
             record = {"epoch": epoch, **stats, "lr": optimizer.param_groups[0]["lr"]}
             eval_model = state.ema.module if state.ema is not None else model
@@ -149,6 +190,7 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
     finally:
         writer.close()
 
+    # From here on nothing trains: a run killed after its last checkpoint resumes straight into these lines.
     plots.curves(records, out / "curves.png")
     if best["epoch"] is None:  # no validation split: the final weights, whose test metrics the last epoch has
         final_model = state.ema.module if state.ema is not None else model
@@ -156,7 +198,7 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
         test = {"acc": records[-1]["test_acc"], "loss": records[-1]["test_loss"]}
     else:
         final_model, _ = checkpoint.load_weights(out / "checkpoints" / "best.safetensors")
-        final_model = final_model.to(device).to(memory_format=memory_format)
+        final_model = final_model.to(device).to(memory_format=setup.memory_format)
         selected_epoch = best["epoch"]
         test = evaluate(final_model, test_x, test_y, tta=cfg.tta, **eval_args)
     checkpoint.save_weights(out / "model.safetensors", final_model, recipe.model.name, mean, std,
@@ -166,7 +208,7 @@ def _train(recipe: Recipe, out: Path, resumed: dict | None, started: float) -> d
         "selected_epoch": selected_epoch, "selected_by": "val_acc" if best["epoch"] is not None else "last epoch",
         "epochs": cfg.epochs, "wall_time_s": elapsed + time.perf_counter() - started, "train_time_s": train_time,
         "params": models.count_params(final_model), "device": str(device), "precision": precision.name,
-        "seed": cfg.seed, "torch": str(torch.__version__), "dataset_sha256": dataset.sha256,
+        "seed": cfg.seed, "torch": str(torch.__version__), "dataset_sha256": setup.dataset.sha256,
     }
     write_json(out / "summary.json", summary)
     log.info("done: test accuracy %.2f%% (epoch %d), wall time %.1f s, run folder %s",
@@ -205,9 +247,7 @@ def _loss(recipe: Recipe, device: torch.device, memory_format, run_info: dict) -
     if tuple(meta["mean"]) != tuple(recipe.data.mean) or tuple(meta["std"]) != tuple(recipe.data.std):
         raise CifarkitError(f"teacher {folder} normalizes with mean {meta['mean']} / std {meta['std']}, the recipe "
                             f"with {recipe.data.mean} / {recipe.data.std}; set data.mean and data.std to the teacher's")
-    run_info["teacher"] = {"release": str(folder), "model": meta["model"]}
-    log.info("distilling from %s (%s), temperature %g, weight %g", folder, meta["model"], distill.temperature,
-             distill.weight)
+    run_info["teacher"] = {"release": portable(folder), "model": meta["model"]}
     return DistillationLoss(teacher.to(device).to(memory_format=memory_format), distill.temperature, distill.weight,
                             recipe.train.label_smoothing)
 
