@@ -5,17 +5,19 @@ Weights files are safetensors whose metadata names the model and its preprocessi
 """
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+import safetensors.torch
+from safetensors.torch import load_file
 
 from cifarkit import models
 from cifarkit.engine import TrainState
 from cifarkit.errors import CifarkitError
-from cifarkit.files import atomic_path
+from cifarkit.files import write_bytes
 
 METADATA_KEY = "cifarkit"
 
@@ -45,8 +47,11 @@ def save_training(path: Path, state: TrainState, epoch: int, extra: dict) -> Non
         "rng": rng_states(),
         **extra,
     }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    # Serialized in memory, then written by Python: a full disk then raises OSError(ENOSPC), which the CLI reports
+    # in one line, instead of torch's C++ writer's RuntimeError.
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_bytes(path, buffer.getvalue())
 
 
 def load_training(path: Path) -> dict:
@@ -78,8 +83,8 @@ def save_weights(path: Path, model: torch.nn.Module, model_name: str, mean, std,
     """
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     described = {"model": model_name, "mean": list(mean), "std": list(std), **info}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={METADATA_KEY: json.dumps(described, sort_keys=True)})
+    # In memory first, for the same reason as save_training: a full disk must raise OSError, not a SafetensorError.
+    write_bytes(path, safetensors.torch.save(tensors, metadata={METADATA_KEY: json.dumps(described, sort_keys=True)}))
 
 
 def load_weights(path: Path) -> tuple[torch.nn.Module, dict]:

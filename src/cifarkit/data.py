@@ -21,11 +21,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+import safetensors.torch
+from safetensors.torch import load_file
 
 from cifarkit.config import AugmentConfig, DataConfig
 from cifarkit.errors import CifarkitError
-from cifarkit.files import atomic_path
+from cifarkit.files import write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +172,8 @@ def import_data(path: str | Path) -> Cifar10:
 
 def save_cache(tensors: dict[str, torch.Tensor], sha: str, source: str, target: Path | None = None) -> Path:
     target = target or cache_path()
-    with atomic_path(target) as tmp:
-        save_file(tensors, str(tmp), metadata={"sha256": sha, "source": source})
+    # Serialized in memory (~184 MB), so a full disk raises OSError(ENOSPC) rather than a SafetensorError.
+    write_bytes(target, safetensors.torch.save(tensors, metadata={"sha256": sha, "source": source}))
     return target
 
 

@@ -9,7 +9,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 _WAY_OUT = {
     errno.ENOSPC: "free some disk space (nothing that existed was changed) and run the command again",
     errno.EDQUOT: "free some of your disk quota (nothing that existed was changed) and run the command again",
-    errno.EROFS: "the file system is read-only; choose a writable folder",
+    errno.EROFS: "choose a folder on a writable disk",
     errno.EACCES: "check its permissions, or use a path you may access",
     errno.EPERM: "check its permissions, or use a path you may access",
     errno.ENOENT: "check the path",

@@ -86,6 +86,10 @@ def atomic_path(path: str | Path):
         os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
         fsync_folder(path.parent)
+    except OSError as e:
+        if e.filename is None or Path(e.filename) == tmp:  # a failed write(): name the file the user knows
+            e.filename = str(path)
+        raise
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)

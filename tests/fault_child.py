@@ -1,0 +1,87 @@
+"""Run the `cifarkit` command and SIGKILL it at a chosen point: `python fault_child.py POINT [cifarkit args...]`.
+
+The kill is a real SIGKILL of this process, delivered from inside at a precise moment, so a test can say exactly
+where a run, a release or an import died. Each point wraps one function of cifarkit (or os.replace, through which
+every atomic write lands) and kills the process when it is reached:
+
+    epoch-1, mid-epoch        in epoch 1 (before any checkpoint) or midway through epoch 2's batches
+    checkpoint-write          the epoch-2 checkpoint is half written to its temporary file
+    last-epoch-eval           during the last epoch's test pass with TTA (before the last checkpoint)
+    after-last-checkpoint     the loop is over: while the curves are drawn
+    final-eval                during the final TTA measurement of the checkpoint chosen on validation
+    weights-write             model.safetensors is half written
+    summary-write             summary.json is half written
+    release-measure           `cifarkit release` midway: the staged release is being measured
+    cache-write               `cifarkit data import`: the new cache is half written
+"""
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_on_nth_replace(file_name: str, nth: int):
+    """Kill when the nth atomic write of `file_name` is about to be renamed into place, its temp file half written."""
+    real_replace, seen = os.replace, [0]
+
+    def replace(src, dst, *args, **kwargs):
+        if Path(dst).name == file_name:
+            seen[0] += 1
+            if seen[0] == nth:
+                os.truncate(src, os.path.getsize(src) // 2)
+                die()
+        return real_replace(src, dst, *args, **kwargs)
+    os.replace = replace
+
+
+def kill_in_epoch(epoch_to_kill: int, after_steps: int):
+    from cifarkit import data
+    real_epoch = data.TrainLoader.epoch
+
+    def epoch(self, number):
+        for step, batch in enumerate(real_epoch(self, number)):
+            if number == epoch_to_kill and step == after_steps:
+                die()
+            yield batch
+    data.TrainLoader.epoch = epoch
+
+
+def kill_on_nth_tta_evaluation(nth: int):
+    from cifarkit import train
+    real_evaluate, seen = train.evaluate, [0]
+
+    def evaluate(*args, **kwargs):
+        if kwargs.get("tta"):
+            seen[0] += 1
+            if seen[0] == nth:
+                die()
+        return real_evaluate(*args, **kwargs)
+    train.evaluate = evaluate
+
+
+def kill_when_called(module_name: str, function: str):
+    import importlib
+    setattr(importlib.import_module(module_name), function, lambda *args, **kwargs: die())
+
+
+POINTS = {
+    "epoch-1": lambda: kill_in_epoch(1, 2),
+    "mid-epoch": lambda: kill_in_epoch(2, 2),
+    "checkpoint-write": lambda: kill_on_nth_replace("last.pt", 2),
+    "last-epoch-eval": lambda: kill_on_nth_tta_evaluation(1),
+    "after-last-checkpoint": lambda: kill_when_called("cifarkit.plots", "curves"),
+    "final-eval": lambda: kill_on_nth_tta_evaluation(2),
+    "weights-write": lambda: kill_on_nth_replace("model.safetensors", 1),
+    "summary-write": lambda: kill_on_nth_replace("summary.json", 1),
+    "release-measure": lambda: kill_when_called("cifarkit.benchmark", "inference_throughput"),
+    "cache-write": lambda: kill_on_nth_replace("cifar10.safetensors", 1),
+}
+
+if __name__ == "__main__":
+    POINTS[sys.argv[1]]()
+    from cifarkit.cli import main
+    sys.exit(main(sys.argv[2:]))
