@@ -1,9 +1,10 @@
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 from torch import nn
 
-from cifarkit import train
+from cifarkit import models, train
 from cifarkit.config import load_recipe
 from cifarkit.engine import ClassificationLoss, DistillationLoss
 from cifarkit.errors import CifarkitError
@@ -32,15 +33,32 @@ def test_distillation_loss_is_0_7_ce_plus_0_3_t2_kl():
     assert matched.item() == pytest.approx(0.7 * ClassificationLoss()(student, labels, None).item(), rel=1e-5)
 
 
+def test_the_teacher_changes_the_students_gradients():
+    torch.manual_seed(0)
+    student, teacher = models.create("simplecnn"), models.create("simplecnn").eval()
+    inputs, labels = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+
+    def gradients(loss_fn):
+        student.zero_grad()
+        loss_fn(student(inputs), labels, inputs).backward()
+        return torch.cat([p.grad.flatten() for p in student.parameters()])
+    plain = gradients(ClassificationLoss())
+    assert not torch.allclose(gradients(DistillationLoss(teacher, temperature=4.0, weight=0.3)), plain)
+    # With no weight on the teacher, distillation is exactly the plain loss: the difference above is the teacher's.
+    assert torch.allclose(gradients(DistillationLoss(teacher, temperature=4.0, weight=0.0)), plain)
+
+
 def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp_path):
-    out = tmp_path / "student"
-    recipe = load_recipe("distill", [f"distill.teacher={released}", "train.epochs=1", "data.subset=500"])
-    summary = train.run(recipe, out=out)
-    assert 0.0 <= summary["test_acc"] <= 1.0
-    config = yaml.safe_load((out / "config.yaml").read_text())
+    settings = ["train.epochs=1", "data.subset=500"]
+    train.run(load_recipe("distill", [f"distill.teacher={released}"] + settings), out=tmp_path / "student")
+    train.run(load_recipe("distill", ["distill.teacher=null"] + settings), out=tmp_path / "plain")
+    # Same seed, same batches: only the teacher's soft targets can make the two students differ.
+    taught, plain = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("student", "plain"))
+    assert any(not torch.equal(taught[k], plain[k]) for k in taught)
+    config = yaml.safe_load((tmp_path / "student" / "config.yaml").read_text())
     assert config["distill"]["teacher"] == str(released)
     assert config["run"]["teacher"]["model"] == "simplecnn"
-    assert "distilling from" in (out / "train.log").read_text()
+    assert "distilling from" in (tmp_path / "student" / "train.log").read_text()
 
 
 def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp_path):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from cifarkit import device, plots, train
 from cifarkit.config import load_recipe
-from cifarkit.files import write_json
+from cifarkit.files import portable, write_json
 
 TIMER_COVERS = ("wall_time_s: from the start of the run (loading the cached uint8 data) through model "
                 "initialization, training, {evals} and the final test evaluation{tta}, to the weights being saved; "
-                "Python and torch import time (~2 s) is not included")
+                "Python and torch import time is not included")
 
 
 def statistics_against(accuracies: list[float], target: float) -> dict:
@@ -49,7 +49,7 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         results.append({
             "seed": seed, "test_acc": summary["test_acc"], "wall_time_s": summary["wall_time_s"],
-            "train_time_s": summary["train_time_s"], "run_dir": str(run_dir),
+            "train_time_s": summary["train_time_s"], "run_dir": portable(run_dir),
             "curve": [{"epoch": r["epoch"], "elapsed_s": r["elapsed_s"], "test_acc": r["test_acc"]}
                       for r in records if "test_acc" in r],
         })

@@ -1,0 +1,113 @@
+"""Measure the accuracy floors that the tests assert, and write them to results/test-floors.json.
+
+    python scripts/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz
+
+A test that says "this training learns" needs a floor, and a floor must be measured, not guessed. Each check below
+is run here exactly as its test runs it (same recipe, overrides and data), over several seeds; the floor is the
+worst seed minus a margin. The tests read their settings and floors from the JSON, so the two cannot drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = ROOT / "results" / "test-floors.json"
+FIXTURE = ROOT / "tests" / "fixtures" / "cifar10-mini.safetensors"
+SEEDS = (0, 1, 2, 3, 4)
+# The tests run seed 0 on whatever CPU runs CI; other CPUs round differently, so a floor sits under the worst of
+# five seeds by a margin of the size of the seed-to-seed spread seen here (a few points on 500 test images).
+TRAINING_MARGIN = 0.05
+# A shipped release is judged by fixed weights on fixed images: only kernel rounding differs between CPUs, so the
+# margin is one point (5 of the fixture's 500 test images).
+RELEASE_MARGIN = 0.01
+
+TRAINING_CHECKS = {
+    # test_fast.py: one epoch of the fast recipe on the committed sample (2,000 train / 500 test images)
+    "fast-1-epoch-sample": {"recipe": "fast", "overrides": ["train.epochs=1", "train.batch_size=100"],
+                            "data": "sample"},
+    # test_learning.py: cifar10net, 6 epochs on the sample
+    "cifar10net-6-epochs-sample": {"recipe": "cifar10net", "overrides": ["train.epochs=6", "train.batch_size=64"],
+                                   "data": "sample"},
+    # test_learning.py (real data only): cifar10net, 2 epochs on 5,000 real training images, all 10,000 test images
+    "cifar10net-2-epochs-real-5000": {"recipe": "cifar10net", "overrides": ["train.epochs=2", "data.subset=5000"],
+                                      "data": "real"},
+}
+
+
+def _use_home(folder: Path, real_data: str | None) -> None:
+    os.environ["CIFARKIT_HOME"] = str(folder)
+    if real_data:
+        os.environ["CIFARKIT_DATA"] = real_data
+    else:
+        os.environ.pop("CIFARKIT_DATA", None)
+
+
+def measure_training(name: str, check: dict, scratch: Path) -> dict:
+    from cifarkit import train
+    from cifarkit.config import load_recipe
+    accuracies = []
+    for seed in SEEDS:
+        summary = train.run(load_recipe(check["recipe"], check["overrides"] + [f"train.seed={seed}"]),
+                            out=scratch / f"{name}-seed{seed}")
+        accuracies.append(summary["test_acc"])
+        print(f"{name} seed {seed}: {100 * summary['test_acc']:.2f}%", flush=True)
+    return {**check, "seeds": list(SEEDS), "test_acc": accuracies, "mean": statistics.fmean(accuracies),
+            "min": min(accuracies), "floor": round(min(accuracies) - TRAINING_MARGIN, 4),
+            "rule": f"worst seed minus {TRAINING_MARGIN:g}"}
+
+
+def measure_releases() -> dict:
+    """Single-view accuracy of each shipped release, through its default backend, on the sample's 500 test images."""
+    from cifarkit import Classifier, data
+    from cifarkit.inference import SHIPPED
+    sample = data.load_cache(FIXTURE)
+    pixels, labels = sample.test_x.permute(0, 2, 3, 1).numpy(), sample.test_y.tolist()
+    result = {}
+    for folder in sorted(SHIPPED.glob("version_*")):
+        version = folder.name.removeprefix("version_")
+        predictions = Classifier.pretrained(version).predict_batch(pixels)
+        accuracy = sum(int(p == y) for p, y in zip(predictions, labels)) / len(labels)
+        print(f"release {version} on the sample: {100 * accuracy:.2f}%", flush=True)
+        result[version] = {"test_acc": accuracy, "images": len(labels),
+                           "floor": round(accuracy - RELEASE_MARGIN, 4), "rule": f"measured minus {RELEASE_MARGIN:g}"}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real-data", required=True, help="the real cifar-10-python.tar.gz (for the real-data check)")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="test-floors-"))
+    try:
+        sample_home, real_home = scratch / "sample-home", scratch / "real-home"
+        sample_home.mkdir()
+        shutil.copy(FIXTURE, sample_home / "cifar10.safetensors")
+        checks = {}
+        for name, check in TRAINING_CHECKS.items():
+            real = check["data"] == "real"
+            _use_home(real_home if real else sample_home, args.real_data if real else None)
+            checks[name] = measure_training(name, check, scratch)
+        import torch
+
+        from cifarkit import device
+        from cifarkit.files import write_json
+        write_json(TARGET, {
+            "command": "python scripts/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz",
+            "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": device.report(torch.device("cpu")),
+            "training": checks, "releases": measure_releases(),
+        })
+        print(f"wrote {TARGET.relative_to(ROOT)}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
