@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,6 +36,17 @@ def test_release_folder_holds_what_a_user_needs(released):
     assert {"model", "training", "data"} <= set(config)
     assert config["training"]["recipe"] == "simplecnn" and config["model"]["classes"] == list(data.CLASSES)
     assert not list(released.parent.glob(".version_*"))  # no temporary folder left behind
+    shipped = {"model.safetensors", "config.yaml", "preprocess.py", "MODEL_CARD.md"}
+    assert metrics["files"] == {name: hashlib.sha256((released / name).read_bytes()).hexdigest() for name in shipped}
+
+
+def test_release_files_hold_no_path_of_this_machine(released):
+    metrics = json.loads((released / "metrics.json").read_text())
+    source = Path(metrics["source_run"])
+    assert not source.is_absolute() and source.name == "run"
+    machine = str(released.parent.parent)
+    for name in ("metrics.json", "config.yaml", "MODEL_CARD.md"):
+        assert machine not in (released / name).read_text(), name
 
 
 def test_recorded_accuracy_is_what_the_classifier_scores(released, cifar_home):
@@ -73,11 +85,20 @@ def test_force_replaces_a_release_atomically(released, tmp_path, monkeypatch):
     monkeypatch.setenv("CIFARKIT_HOME", str(released.parent.parent / "home"))
     monkeypatch.setattr(release, "INFERENCE_ROUNDS", 1)
     monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
+    exchanges = []
+    exchange = release._exchange
+
+    def counted_exchange(a, b):
+        exchanges.append(exchange(a, b))
+        return exchanges[-1]
+
+    monkeypatch.setattr(release, "_exchange", counted_exchange)
     release.make_release(released.parent.parent / "run", "T", root, force=True, weights_dtype="fp16")
     metrics = json.loads((root / "version_T" / "metrics.json").read_text())
     assert metrics["weights_dtype"] == "fp16"
     assert metrics["weights_bytes"] < json.loads((released / "metrics.json").read_text())["weights_bytes"] * 0.6
     assert sorted(p.name for p in root.iterdir()) == ["version_T"]
+    assert exchanges == [sys.platform.startswith("linux")]  # one atomic swap where the system has one
 
 
 def test_release_needs_a_finished_run(tmp_path, capsys):
@@ -102,10 +123,16 @@ def test_export_matches_pytorch(released, cifar_home, tmp_path, fmt):
     target = tmp_path / "version_T"
     shutil.copytree(released, target)
     report = export.export(target, fmt)
-    assert (target / export.FILES[fmt]).is_file()
+    artifact = target / export.FILES[fmt]
+    assert artifact.is_file()
     assert report["max_abs_logit_diff"] <= 1e-3 and report["top1_agreement"] >= 0.999
     assert report["images"] == 500  # the fixture's whole test split (fewer than 512)
-    assert json.loads((target / "metrics.json").read_text())["exports"][fmt]["file"] == export.FILES[fmt]
+    metrics = json.loads((target / "metrics.json").read_text())
+    sha = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    assert metrics["exports"][fmt]["file"] == export.FILES[fmt] and metrics["exports"][fmt]["sha256"] == sha
+    assert metrics["exports"][fmt]["weights_sha256"] == metrics["weights_sha256"]
+    assert metrics["files"][export.FILES[fmt]] == sha
+    assert main(["release", "--check", str(target)]) == 0
 
 
 def test_export_that_fails_parity_writes_nothing(released, cifar_home, tmp_path, monkeypatch, capsys):

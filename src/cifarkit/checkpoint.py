@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -15,9 +16,11 @@ import safetensors.torch
 from safetensors.torch import load_file
 
 from cifarkit import models
-from cifarkit.engine import TrainState
 from cifarkit.errors import CifarkitError
 from cifarkit.files import write_bytes
+
+if TYPE_CHECKING:  # the inference side loads weights through this module and must not import the training loop
+    from cifarkit.engine import TrainState
 
 METADATA_KEY = "cifarkit"
 

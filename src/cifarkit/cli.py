@@ -151,6 +151,22 @@ def cmd_speedrun(args) -> None:
 
 
 def cmd_release(args) -> None:
+    if args.check:
+        from cifarkit.inference import release_dir
+        from cifarkit.release import check
+        if args.run_dir or args.name:
+            raise CifarkitError("--check RELEASE verifies an existing release; drop RUN_DIR and --name")
+        folder = release_dir(args.check)
+        findings = check(folder)
+        for name, verdict, problem in findings:
+            print(f"{verdict:<8}{name}" + (f": {problem}" if problem else ""))
+        failed = sum(verdict == "error" for _, verdict, _ in findings)
+        if failed:
+            raise CifarkitError(f"{folder}: {failed} file(s) failed the check; restore them, or write the release "
+                                f"again with `cifarkit release --force`")
+        return
+    if not (args.run_dir and args.name):
+        raise CifarkitError("give the run folder and --name to write a release, or --check RELEASE to verify one")
     from cifarkit.release import make_release
     target = make_release(Path(args.run_dir), args.name, Path(args.out), force=args.force,
                           weights_dtype=args.weights_dtype, speedrun=Path(args.speedrun) if args.speedrun else None,
@@ -175,12 +191,12 @@ def cmd_compare(args) -> None:
 
 def cmd_predict(args) -> None:
     from cifarkit.inference import Classifier, release_dir
-    classifier = Classifier.load(release_dir(args.model), backend=args.backend)
+    classifier = Classifier.load(release_dir(args.model), backend=args.backend, verify=not args.no_verify)
     results, failed = [], 0
     for path in args.images:
         try:
             proba = classifier.predict_proba(path)
-        except ValueError as e:
+        except (ValueError, CifarkitError) as e:  # one image's problem: report it, classify the others
             failed += 1
             print(f"cifarkit: error: {e}", file=sys.stderr)
             results.append({"path": path, "error": str(e)})
@@ -290,9 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the results here")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("release", help="package a finished run as a versioned release folder")
-    p.add_argument("run_dir", help="folder of a finished `cifarkit train` run")
-    p.add_argument("--name", required=True, help="version name: writes <out>/version_<name>")
+    p = sub.add_parser("release", help="package a finished run as a versioned release folder, or check one")
+    p.add_argument("run_dir", nargs="?", help="folder of a finished `cifarkit train` run")
+    p.add_argument("--name", help="version name: writes <out>/version_<name>")
+    p.add_argument("--check", metavar="RELEASE",
+                   help="verify every file of a release (shipped version A, B or a folder) against its metrics.json")
     p.add_argument("--out", default="cifar10_models", help="folder holding the releases (default: cifar10_models)")
     p.add_argument("--force", action="store_true", help="replace an existing release of that name")
     p.add_argument("--weights-dtype", choices=("fp32", "fp16"), default="fp32",
@@ -312,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topk", type=int, default=1, choices=range(1, 11), metavar="K")
     p.add_argument("--json", action="store_true", help="one JSON list with an object per image")
     p.add_argument("--backend", default="auto", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"))
+    p.add_argument("--no-verify", action="store_true",
+                   help="use the release's weights (and model.onnx) even if they differ from what metrics.json records")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("export", help="write ONNX / torch.export / TorchScript into a release, checked for parity")

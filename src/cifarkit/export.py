@@ -1,11 +1,11 @@
 """`cifarkit export`: ONNX, torch.export and TorchScript artifacts of a release, each verified against PyTorch.
 
 An artifact lands in the release only after it matches the eager fp32 model on real test images: max abs logit
-difference <= 1e-3 and top-1 agreement >= 99.9%. Its check is recorded in the release's metrics.json.
+difference <= 1e-3 and top-1 agreement >= 99.9%. The release's metrics.json records the check, the artifact's
+sha256 and the sha256 of the weights it was made from, so a stale or swapped artifact is recognised later.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import torch
 from cifarkit import checkpoint, data, preprocess
 from cifarkit.errors import CifarkitError
 from cifarkit.files import atomic_path, write_json
+from cifarkit.inference import METRICS_NAME, WEIGHTS_NAME, read_metrics, weights_sha256
 
 FILES = {"onnx": "model.onnx", "exported": "model.pt2", "torchscript": "model.torchscript.pt"}
 PARITY_IMAGES = 512
@@ -29,13 +30,18 @@ def _example() -> tuple[torch.Tensor]:
     return (torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE),)
 
 
-def write_onnx(model: torch.nn.Module, path: Path) -> None:
-    """The model with a dynamic batch dimension, input 'image' (N x 3 x 32 x 32 float32), output 'logits'."""
+def onnx_bytes(model: torch.nn.Module) -> bytes:
+    """The serialized ONNX model: a dynamic batch dimension, input 'image' (N x 3 x 32 x 32 float32), output
+    'logits'. The same bytes as the saved file, and the same for the same weights every time."""
     for name in ("onnxscript", "onnx_ir"):  # their graph passes log every rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
     program = torch.onnx.export(model, _example(), input_names=["image"], output_names=["logits"],
                                 dynamic_shapes=DYNAMIC_BATCH, opset_version=ONNX_OPSET, dynamo=True, verbose=False)
-    program.save(str(path))
+    return program.model_proto.SerializeToString()
+
+
+def write_onnx(model: torch.nn.Module, path: Path) -> None:
+    Path(path).write_bytes(onnx_bytes(model))
 
 
 def _write_exported(model: torch.nn.Module, path: Path) -> None:
@@ -46,11 +52,13 @@ def _write_torchscript(model: torch.nn.Module, path: Path) -> None:
     torch.jit.save(torch.jit.trace(model, _example()), str(path))
 
 
-def run_artifact(fmt: str, path: Path):
-    """A function N x 3 x 32 x 32 float32 numpy -> N x 10 logits numpy, running the artifact at `path`."""
+def run_artifact(fmt: str, path: Path | bytes):
+    """A function N x 3 x 32 x 32 float32 numpy -> N x 10 logits numpy, running the artifact at `path` (an ONNX
+    model may also come as its serialized bytes)."""
     if fmt == "onnx":
         import onnxruntime
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        model = path if isinstance(path, bytes) else str(path)
+        session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
         return lambda x: session.run(None, {"image": x})[0]
     module = torch.export.load(str(path)).module() if fmt == "exported" else torch.jit.load(str(path))
     return lambda x: module(torch.from_numpy(x)).detach().numpy()
@@ -72,10 +80,18 @@ def parity_images(count: int, mean, std) -> np.ndarray:
     return preprocess.normalize(pixels, mean, std)
 
 
+def record(fmt: str, path: Path, weights_sha: str) -> dict:
+    """What a release's metrics.json keeps about an artifact: its file, its sha256 and the weights it was made from."""
+    return {"format": fmt, "file": path.name, "size_bytes": path.stat().st_size,
+            "sha256": data.file_digest(path, "sha256"), "weights_sha256": weights_sha, "torch": str(torch.__version__)}
+
+
 def export(release: Path, fmt: str) -> dict:
     if fmt not in FILES:
         raise CifarkitError(f"unknown export format {fmt!r}; choose from {', '.join(FILES)}")
     release = Path(release)
+    metrics = read_metrics(release)
+    weights_sha = weights_sha256(release / WEIGHTS_NAME, metrics)  # never export (and bless) damaged weights
     model, meta = checkpoint.load_weights(release)
     target = release / FILES[fmt]
     writer = {"onnx": write_onnx, "exported": _write_exported, "torchscript": _write_torchscript}[fmt]
@@ -84,14 +100,13 @@ def export(release: Path, fmt: str) -> dict:
         check = parity(model, run_artifact(fmt, tmp), parity_images(PARITY_IMAGES, meta["mean"], meta["std"]))
         if check["max_abs_logit_diff"] > MAX_ABS_DIFF or check["top1_agreement"] < MIN_TOP1_AGREEMENT:
             raise CifarkitError(f"{fmt} export failed its parity check ({_describe(check)}); nothing was written")
-    report = {"format": fmt, "file": target.name, "size_bytes": target.stat().st_size, **check,
-              "limits": {"max_abs_logit_diff": MAX_ABS_DIFF, "top1_agreement": MIN_TOP1_AGREEMENT},
-              "torch": str(torch.__version__)}
-    metrics_path = release / "metrics.json"
-    if metrics_path.exists():
-        metrics = json.loads(metrics_path.read_text())
+    report = {**record(fmt, target, weights_sha), **check,
+              "limits": {"max_abs_logit_diff": MAX_ABS_DIFF, "top1_agreement": MIN_TOP1_AGREEMENT}}
+    if metrics is not None:
         metrics.setdefault("exports", {})[fmt] = report
-        write_json(metrics_path, metrics)
+        if "files" in metrics:  # releases written before the manifest existed have none to update
+            metrics["files"][target.name] = report["sha256"]
+        write_json(release / METRICS_NAME, metrics)
     return report
 
 

@@ -6,28 +6,40 @@
     clf.predict_label("cat.jpg")           # 'cat'
 
 Three backends compute the logits: PyTorch eager in fp32, PyTorch with bf16 autocast (AMX/AVX512-BF16 CPUs; fp16
-on CUDA), and ONNX Runtime on the release's exported model.onnx. `backend="auto"` takes the one the release's
-metrics.json recommends: the fastest measured there whose top-1 predictions agree with fp32's on >= 99.9% of the
-test images.
+on CUDA), and ONNX Runtime on the release's exported model.onnx (or one exported into the cache on first use).
+`backend="auto"` takes the one the release's metrics.json recommends: the fastest measured there whose top-1
+predictions agree with fp32's on >= 99.9% of the test images.
+
+A release is used only as it was written: its weights, and its model.onnx, must have the sha256s its metrics.json
+records, or loading stops with the file and both hashes named (verify=False, or `predict --no-verify`, skips that).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from cifarkit import checkpoint, preprocess
-from cifarkit.data import CLASSES
+from cifarkit.data import CLASSES, file_digest, home
 from cifarkit.device import PRECISIONS, autocast, pick_device
-from cifarkit.errors import CifarkitError
+from cifarkit.errors import CifarkitError, describe_os_error
+from cifarkit.files import write_bytes
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("torch-fp32", "torch-bf16", "onnxruntime")
 SHIPPED = Path(__file__).resolve().parent / "pretrained"  # the releases that ship with the package
 DEFAULT_VERSION = "A"
+WEIGHTS_NAME = "model.safetensors"
+METRICS_NAME = "metrics.json"
 ONNX_NAME = "model.onnx"
+UNVERIFIED = "load it unverified with verify=False (cifarkit predict --no-verify)"
 
 
 def release_dir(name_or_path: str | Path, root: str | Path | None = None) -> Path:
@@ -38,9 +50,50 @@ def release_dir(name_or_path: str | Path, root: str | Path | None = None) -> Pat
     return Path(root or SHIPPED) / f"version_{text}"
 
 
+def replaced_path(target: Path) -> Path:
+    """Where `cifarkit release --force` parks the old release between its two renames, where it cannot swap."""
+    return target.with_name(f".{target.name}.replaced")
+
+
+def restore_replaced(target: Path) -> None:
+    """A replacement killed between its two renames leaves no release at `target`: move the parked one back."""
+    parked = replaced_path(Path(target))
+    if not os.path.lexists(target) and parked.is_dir():
+        os.rename(parked, target)
+        log.warning("restored %s from %s, left there by an interrupted `cifarkit release`", target, parked.name)
+
+
+def read_metrics(folder: Path) -> dict | None:
+    """A release's metrics.json, or None where the folder has none (a run folder, a folder of bare weights)."""
+    path = Path(folder) / METRICS_NAME
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise CifarkitError(f"{path} is unreadable ({e}); restore the release or write it again with "
+                            f"`cifarkit release`") from None
+
+
+def weights_sha256(weights: Path, metrics: dict | None, verify: bool = True) -> str:
+    """The weights file's sha256; with `verify`, refused unless it is the one `metrics` (a release's) records."""
+    try:
+        actual = file_digest(weights, "sha256")
+    except FileNotFoundError:
+        raise CifarkitError(f"no weights at {weights}; give a release folder (cifarkit release), a run folder or a "
+                            f".safetensors file") from None
+    expected = (metrics or {}).get("weights_sha256")
+    if verify and metrics is not None and actual != expected:
+        raise CifarkitError(f"{weights} has sha256 {actual} but {METRICS_NAME} records {expected}: the file was "
+                            f"changed or damaged; restore the release or write it again with `cifarkit release`, "
+                            f"or {UNVERIFIED}")
+    return actual
+
+
 class Classifier:
     def __init__(self, model: torch.nn.Module, mean, std, backend: str = "torch-fp32", device: str = "cpu",
-                 onnx_path: Path | None = None, info: dict | None = None):
+                 onnx: Path | bytes | None = None, info: dict | None = None):
+        """`onnx`: the ONNX model the onnxruntime backend runs, as a file or as the serialized model itself."""
         if backend not in BACKENDS:
             raise CifarkitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
         self.device = pick_device(device)
@@ -49,40 +102,50 @@ class Classifier:
         self.classes = CLASSES
         self._run_onnx = None
         if backend == "onnxruntime":
-            if onnx_path is None or not Path(onnx_path).exists():
-                raise CifarkitError(f"backend onnxruntime needs {onnx_path or ONNX_NAME}; write it with "
+            if onnx is None or (isinstance(onnx, Path) and not onnx.exists()):
+                raise CifarkitError(f"backend onnxruntime needs {onnx or ONNX_NAME}; write it with "
                                     f"`cifarkit export RELEASE --format onnx` or choose another backend")
             from cifarkit.export import run_artifact
-            self._run_onnx = run_artifact("onnx", Path(onnx_path))
+            self._run_onnx = run_artifact("onnx", onnx)
         self._precision = PRECISIONS["bf16" if backend == "torch-bf16" else "fp32"]
 
     @classmethod
-    def load(cls, path: str | Path, backend: str = "auto", device: str = "cpu") -> "Classifier":
-        """A release folder, a run folder or a .safetensors file written by cifarkit."""
+    def load(cls, path: str | Path, backend: str = "auto", device: str = "cpu", verify: bool = True) -> "Classifier":
+        """A release folder, a run folder or a .safetensors file written by cifarkit.
+
+        A release's weights, and the model.onnx it may hold, are used only if their sha256s are the ones its
+        metrics.json records (checked before anything is loaded); verify=False skips that check. Weights without a
+        metrics.json load unverified, with a warning, and `auto` means torch-fp32 for them.
+        """
         path = Path(path)
+        restore_replaced(path)
         if not path.exists():
             raise CifarkitError(f"no release or weights at {path}; give a release folder (cifarkit release) or "
                                 f"a .safetensors file")
-        model, meta = checkpoint.load_weights(path)
-        folder = path if path.is_dir() else path.parent
-        metrics_path = folder / "metrics.json"
-        info = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+        folder, weights = (path, path / WEIGHTS_NAME) if path.is_dir() else (path.parent, path)
+        # metrics.json describes its folder's model.safetensors and nothing else
+        info = read_metrics(folder) if weights == folder / WEIGHTS_NAME else None
+        if info is None:
+            log.warning("%s is not verified: no %s records its sha256 (backend auto means torch-fp32)", weights,
+                        METRICS_NAME)
+        sha = weights_sha256(weights, info, verify)
+        model, meta = checkpoint.load_weights(weights)
+        info = info or {}
         if backend == "auto":
             backend = info.get("inference", {}).get("default_backend", "torch-fp32")
-        onnx_path = folder / ONNX_NAME
-        if backend == "onnxruntime" and not onnx_path.exists():
-            onnx_path = _cached_onnx(model, path if path.is_file() else folder / "model.safetensors")
-        return cls(model, meta["mean"], meta["std"], backend=backend, device=device, onnx_path=onnx_path,
-                   info=info)
+        onnx = None
+        if backend == "onnxruntime":
+            onnx = _release_onnx(folder, info, sha, verify) or _cached_onnx(model, sha)
+        return cls(model, meta["mean"], meta["std"], backend=backend, device=device, onnx=onnx, info=info)
 
     @classmethod
-    def pretrained(cls, version: str = DEFAULT_VERSION, backend: str = "auto") -> "Classifier":
+    def pretrained(cls, version: str = DEFAULT_VERSION, backend: str = "auto", verify: bool = True) -> "Classifier":
         """A release shipped inside the package (no download): version A by default."""
         folder = SHIPPED / f"version_{version}"
         if not folder.is_dir():
             shipped = sorted(p.name.removeprefix("version_") for p in SHIPPED.glob("version_*"))
             raise CifarkitError(f"no shipped release {version!r}; shipped: {', '.join(shipped) or 'none'}")
-        return cls.load(folder, backend=backend)
+        return cls.load(folder, backend=backend, verify=verify)
 
     def logits(self, pixels: np.ndarray) -> torch.Tensor:
         """N x 32 x 32 x 3 uint8 -> N x 10 float32 logits on the CPU."""
@@ -122,21 +185,49 @@ class Classifier:
         return [(self.classes[i], float(proba[i])) for i in order]
 
 
-def _cached_onnx(model: torch.nn.Module, weights: Path) -> Path:
-    """Releases ship without model.onnx (it would double their size): the first onnxruntime load exports one into
-    the cache, keyed by the weights' hash, and later loads reuse it."""
-    from cifarkit import data, export
-    from cifarkit.files import atomic_path
-    path = data.home() / "onnx" / f"{hashlib.sha256(weights.read_bytes()).hexdigest()[:32]}.onnx"
+def _release_onnx(folder: Path, info: dict, weights_sha: str, verify: bool) -> Path | None:
+    """The release's own model.onnx, if it has one; verified, it must be the export recorded for these weights."""
+    path = folder / ONNX_NAME
     if not path.exists():
-        with atomic_path(path) as tmp:
-            export.write_onnx(model, tmp)
+        return None
+    if verify and info:
+        record = info.get("exports", {}).get("onnx", {})
+        if record.get("weights_sha256") != weights_sha or record.get("sha256") != file_digest(path, "sha256"):
+            raise CifarkitError(f"{path} is not the ONNX export {METRICS_NAME} records for these weights; write it "
+                                f"again with `cifarkit export {folder} --format onnx`, or delete it, or {UNVERIFIED}")
+    return path
+
+
+def _cached_onnx(model: torch.nn.Module, weights_sha: str) -> Path | bytes:
+    """Releases ship without model.onnx (it would double their size): the first onnxruntime load exports one into
+    the cache and later loads reuse it. The name holds the weights' sha256 (which model) and the file's own (so a
+    damaged copy is recognised, and exported again). A cache that cannot be written (read-only or missing home,
+    full disk) costs the reuse, never the prediction: the export then runs from memory."""
+    from cifarkit import export
+    folder = home() / "onnx"
+    key = weights_sha[:32]
+    for path in folder.glob(f"{key}.*.onnx"):
+        with suppress(OSError):
+            if path.name == f"{key}.{file_digest(path, 'sha256')[:16]}.onnx":
+                return path
+        log.warning("the cached ONNX model %s is damaged or unreadable; exporting it again", path)
+        with suppress(OSError):
+            path.unlink()
+    serialized = export.onnx_bytes(model)
+    path = folder / f"{key}.{hashlib.sha256(serialized).hexdigest()[:16]}.onnx"
+    try:
+        write_bytes(path, serialized)
+    except OSError as e:
+        log.warning("cannot cache the ONNX model (%s); running it from memory", describe_os_error(e))
+        return serialized
     return path
 
 
 class CIFAR10Classifier(Classifier):
-    """The seed's interface: CIFAR10Classifier(version='A', root='cifar10_models').predict(image) -> class index."""
+    """The seed's interface: CIFAR10Classifier(version='A').predict(image) -> class index. `root` is the folder of
+    version_* releases: the shipped ones by default, `cifar10_models` where the seed kept its own."""
 
-    def __init__(self, version: str = DEFAULT_VERSION, root: str | Path = "cifar10_models", backend: str = "auto"):
-        loaded = Classifier.load(Path(root) / f"version_{version}", backend=backend)
+    def __init__(self, version: str = DEFAULT_VERSION, root: str | Path = SHIPPED, backend: str = "auto",
+                 verify: bool = True):
+        loaded = Classifier.load(Path(root) / f"version_{version}", backend=backend, verify=verify)
         self.__dict__.update(loaded.__dict__)

@@ -4,19 +4,22 @@ A release is `<root>/version_<name>/`:
     model.safetensors   weights (metadata: model name, mean, std)
     config.yaml         model, training and data sections
     preprocess.py       standalone (numpy + Pillow) image -> normalized 3 x 32 x 32 input, with this release's mean/std
-    metrics.json        every number below, measured by this command on this machine
+    metrics.json        every number below, measured by this command on this machine, and the sha256 of every
+                        other file (`files`), which `Classifier` and `cifarkit release --check` verify
     MODEL_CARD.md       the same, for people
-It is assembled in a hidden temporary folder and renamed into place, so a crash leaves the old release intact.
+It is assembled in a hidden temporary folder and swapped into place in one step, so a crash or a kill leaves the old
+release or the new one, whole, never a mix. No file in it holds a path of this machine.
 """
 from __future__ import annotations
 
-import hashlib
+import ctypes
+import errno
 import inspect
 import json
 import os
 import re
 import shutil
-import tempfile
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,13 +30,19 @@ import yaml
 from cifarkit import benchmark, checkpoint, data, device, export, models, plots, preprocess
 from cifarkit.engine import evaluate, per_class_accuracy
 from cifarkit.errors import CifarkitError
-from cifarkit.files import FOLDER_MODE, write_json, write_text
-from cifarkit.inference import BACKENDS, ONNX_NAME, Classifier
+from cifarkit.files import (FOLDER_MODE, fsync_folder, fsync_tree, portable, remove_stale_temps, temp_name,
+                            write_json, write_text)
+from cifarkit.inference import (BACKENDS, METRICS_NAME, ONNX_NAME, WEIGHTS_NAME, Classifier, read_metrics,
+                                replaced_path, restore_replaced)
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 INFERENCE_ROUNDS = 5  # interleaved rounds per backend and batch size; the median is kept
 SECONDS_PER_SAMPLE = 0.5  # long enough for ~20 batches of 256 on 2 cores
+# renameat2(2) from <linux/fs.h> and <fcntl.h>: swap two paths in one step
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+UNRECORDED = ("__pycache__",)  # written by `from preprocess import preprocess` run inside the release folder
 
 
 def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weights_dtype: str = "fp32",
@@ -45,13 +54,19 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
         if not (run_dir / needed).is_file():
             raise CifarkitError(f"{run_dir} has no {needed}: give the folder of a finished `cifarkit train` run")
     target = root / f"version_{name}"
+    restore_replaced(target)
     if target.exists() and not force:
         raise CifarkitError(f"{target} already exists; pass --force to replace it, or choose another --name")
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".version_{name}.", suffix=".tmp"))
+    # What killed releases left: staging folders, and a parked old release whose replacement did finish.
+    remove_stale_temps(root, target.name)
+    shutil.rmtree(replaced_path(target), ignore_errors=True)
+    tmp = root / temp_name(target.name)
+    tmp.mkdir()
     try:
         _assemble(tmp, run_dir, name, weights_dtype, speedrun, keep_onnx)
         os.chmod(tmp, FOLDER_MODE)
+        fsync_tree(tmp)
         _swap_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -59,14 +74,36 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
 
 
 def _swap_into_place(new: Path, target: Path) -> None:
-    if not target.exists():
+    """Put the staged release `new` at `target`; the release it replaces, if any, is then at `new`.
+
+    On Linux the two folders trade places in one atomic step, so `target` always holds a whole release. Elsewhere
+    two renames do it, the old release parked beside the target between them; a kill there leaves no release at
+    `target` but the parked one, which the next release or load moves back (inference.restore_replaced).
+    """
+    if not os.path.lexists(target):
         os.rename(new, target)
-        return
-    old = target.with_name(f".{target.name}.replaced")
-    shutil.rmtree(old, ignore_errors=True)
-    os.rename(target, old)
-    os.rename(new, target)
-    shutil.rmtree(old)
+    elif not _exchange(new, target):
+        parked = replaced_path(target)
+        os.rename(target, parked)
+        os.rename(new, target)
+        os.rename(parked, new)
+    fsync_folder(target.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically with renameat2(RENAME_EXCHANGE); False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
+    if renameat2 is None:
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL):  # a kernel before 3.15, or a file system without the exchange
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedrun: Path | None,
@@ -75,7 +112,7 @@ def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedr
     run_config = yaml.safe_load((run_dir / "config.yaml").read_text())
     model, meta = checkpoint.load_weights(run_dir)
     mean, std = meta["mean"], meta["std"]
-    weights_path = folder / "model.safetensors"
+    weights_path = folder / WEIGHTS_NAME
     checkpoint.save_weights(weights_path, model.to(WEIGHT_DTYPES[weights_dtype]), meta["model"], mean, std,
                             release=name, recipe=summary["recipe"])
     model, _ = checkpoint.load_weights(weights_path)  # measure what ships (fp32 model, fp16-rounded values)
@@ -87,11 +124,10 @@ def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedr
     onnx_path = folder / ONNX_NAME
     export.write_onnx(model, onnx_path)
     inference = _measure_inference(model, mean, std, onnx_path, dataset, plain["predictions"])
-    if not keep_onnx:
-        onnx_path.unlink()
+    weights_sha = data.file_digest(weights_path, "sha256")
     metrics = {
         "release": name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "source_run": str(run_dir), "recipe": summary["recipe"], "model": meta["model"],
+        "source_run": portable(run_dir), "recipe": summary["recipe"], "model": meta["model"],
         "test_acc": plain["acc"],
         "test_acc_per_class": dict(zip(data.CLASSES, per_class_accuracy(plain["predictions"], dataset.test_y))),
         "test_images": len(dataset.test_y),
@@ -104,18 +140,98 @@ def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedr
         "weights_dtype": weights_dtype, "weights_bytes": weights_path.stat().st_size,
         "inference": inference,
         "torch": str(torch.__version__), "dataset_sha256": dataset.sha256,
-        "weights_sha256": hashlib.sha256(weights_path.read_bytes()).hexdigest(),
+        "weights_sha256": weights_sha,
     }
-    write_json(folder / "metrics.json", metrics)
+    if keep_onnx:
+        metrics["exports"] = {"onnx": export.record("onnx", onnx_path, weights_sha)}
+    else:
+        onnx_path.unlink()
     config = {
         "model": {"name": meta["model"], "params": metrics["params"], "macs": metrics["macs"],
                   "input": [3, preprocess.SIZE, preprocess.SIZE], "classes": list(data.CLASSES)},
         "training": {"recipe": summary["recipe"], "optim": run_config["optim"], "schedule": run_config["schedule"],
-                     "train": run_config["train"], "run": run_config.get("run", {})},
+                     "train": run_config["train"], "run": _portable_run(run_config.get("run", {}))},
         "data": {**run_config["data"], "dataset_sha256": dataset.sha256},
     }
     write_text(folder / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     write_text(folder / "MODEL_CARD.md", model_card(metrics, config))
+    write_manifest(folder, metrics)
+
+
+def _portable_run(run: dict) -> dict:
+    """A run's `run` block with its teacher (a release folder, when the run was distilled) as a portable path."""
+    teacher = run.get("teacher")
+    return {**run, "teacher": {**teacher, "release": portable(teacher["release"])}} if teacher else run
+
+
+def write_manifest(folder: Path, metrics: dict) -> None:
+    """Write `metrics` as the release's metrics.json, with the sha256 of every other file of the release."""
+    folder = Path(folder)
+    metrics["files"] = {path.name: data.file_digest(path, "sha256") for path in sorted(folder.iterdir())
+                        if path.is_file() and path.name != METRICS_NAME and not path.name.startswith(".")}
+    write_json(folder / METRICS_NAME, metrics)
+
+
+def check(folder: Path) -> list[tuple[str, str, str]]:
+    """Every file of a release against what its metrics.json records: (file, 'ok' | 'error' | 'warning', what is
+    wrong). Beyond the sha256s, the weights must load, name the model config.yaml and metrics.json name, and each
+    recorded export must have been made from these weights. Files the manifest does not list are warnings."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CifarkitError(f"no release at {folder}; give a shipped version (A, B) or a release folder")
+    try:
+        metrics = read_metrics(folder)
+    except CifarkitError as e:
+        return [(METRICS_NAME, "error", str(e))]
+    if metrics is None:
+        return [(METRICS_NAME, "error", "missing: this folder is not a release (write one with `cifarkit release`)")]
+    expected = dict(metrics.get("files") or {})
+    expected[WEIGHTS_NAME] = metrics.get("weights_sha256")
+    exports = metrics.get("exports", {})
+    for report in exports.values():
+        expected[report["file"]] = report.get("sha256")
+    problems: dict[str, list[str]] = {name: [] for name in (METRICS_NAME, *expected)}
+    if not metrics.get("files"):
+        problems[METRICS_NAME].append("records no sha256 of the other files (`files`); write the release again "
+                                      "with `cifarkit release --force`")
+    for name, sha in expected.items():
+        path = folder / name
+        if not path.is_file():
+            problems[name].append("missing")
+        elif (actual := data.file_digest(path, "sha256")) != sha:
+            problems[name].append(f"changed: sha256 {actual}, recorded {sha}")
+    for fmt, report in exports.items():
+        if report.get("weights_sha256") != metrics.get("weights_sha256"):
+            problems[report["file"]].append(f"was not made from these weights; write it again with "
+                                            f"`cifarkit export {folder} --format {fmt}`")
+    if (folder / WEIGHTS_NAME).is_file():
+        _check_model_names(folder, metrics, problems)
+    findings = [(name, "error" if found else "ok", "; ".join(found)) for name, found in sorted(problems.items())]
+    for path in sorted(folder.iterdir()):
+        if path.name not in problems and path.name not in UNRECORDED:
+            findings.append((path.name, "warning", f"not recorded in {METRICS_NAME}"))
+    return findings
+
+
+def _check_model_names(folder: Path, metrics: dict, problems: dict[str, list[str]]) -> None:
+    try:
+        _, meta = checkpoint.load_weights(folder / WEIGHTS_NAME)
+    except CifarkitError as e:
+        problems[WEIGHTS_NAME].append(str(e))
+        return
+    if metrics.get("model") != meta["model"]:
+        problems[METRICS_NAME].append(f"names model {metrics.get('model')!r}, the weights hold {meta['model']!r}")
+    config_path = folder / "config.yaml"
+    if not config_path.is_file():
+        problems.setdefault("config.yaml", ["missing"])  # already there when the manifest lists it
+        return
+    try:
+        named = yaml.safe_load(config_path.read_text())["model"]["name"]
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as e:
+        problems.setdefault("config.yaml", []).append(f"names no model ({type(e).__name__}: {e})")
+        return
+    if named != meta["model"]:
+        problems.setdefault("config.yaml", []).append(f"names model {named!r}, the weights hold {meta['model']!r}")
 
 
 def _standalone_preprocess(mean, std) -> str:
@@ -131,11 +247,11 @@ def _speedrun_stats(path: Path, recipe: str) -> dict:
     acc = report["accuracy"]
     return {"n": acc["n"], "mean": acc["mean"], "std": acc["std"], "ci95": acc["ci95"],
             "wall_time_s_mean": report["wall_time_s"]["mean"], "evaluation": "with the recipe's TTA",
-            "file": str(path)}
+            "file": portable(path)}
 
 
 def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predictions) -> dict:
-    classifiers = {backend: Classifier(model, mean, std, backend=backend, onnx_path=onnx_path)
+    classifiers = {backend: Classifier(model, mean, std, backend=backend, onnx=onnx_path)
                    for backend in BACKENDS}
     pixels = dataset.test_x.permute(0, 2, 3, 1).numpy()
     agreement = {}

@@ -9,17 +9,32 @@ std, so the preprocessing ships with the weights and runs without cifarkit or to
 Accepted inputs: a file path, a PIL image, a numpy array (H x W, H x W x 1/3/4; uint8, uint16 or float in [0, 1])
 or a torch tensor (C x H x W or H x W, uint8 or float in [0, 1]), of any size. Grayscale, palette, RGBA and 16-bit
 images become RGB; resizing is antialiased. Anything else raises ValueError naming the problem.
+
+Image files: a file of more than MAX_PIXELS pixels (2**26, about 67 million, e.g. 9248 x 6936) is refused from its
+header, before any pixel is decoded. The EXIF orientation is applied, so a phone photo is not seen sideways; an
+animated GIF, APNG or WebP gives its first frame; a large JPEG is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling)
+before the antialiased resize. Every way a file can fail (missing, a folder, empty, not an image, truncated,
+corrupt, too large) is one ValueError naming the file. A PIL image is taken as it is: no EXIF, frame or size rule.
 """
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.247, 0.2435, 0.2616)
 SIZE = 32
+# 64 Mi pixels: admits every phone photo up to the 64 MP sensors (9248 x 6936), whose RGB decode takes 192 MiB at
+# most; and it is below Pillow's own bomb threshold (Image.MAX_IMAGE_PIXELS, 89 MP by default), so Pillow's guard
+# only ever speaks about files this limit refuses anyway.
+MAX_PIXELS = 2**26
+# A JPEG is decoded at the smallest DCT scale that keeps it this many times the output size (or more) on each side,
+# so the final resize still averages several source pixels into each output pixel.
+DRAFT_FACTOR = 4
 
 
 def load_image(image) -> Image.Image:
@@ -64,14 +79,41 @@ def _open(path: Path) -> Image.Image:
         raise ValueError(f"no such image file: {path}")
     if not path.is_file():
         raise ValueError(f"{path} is not a file; give an image file")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path} is empty (0 bytes); give an image file")
+    with _decoding(path):
+        image = Image.open(path)  # reads the header only
+    with image:
+        width, height = image.size
+        if width * height > MAX_PIXELS:
+            raise ValueError(f"{path} is {width} x {height} = {width * height:,} pixels, over the limit of "
+                             f"{MAX_PIXELS:,}; downscale it (the model sees 32 x 32)")
+        with _decoding(path):
+            image.seek(0)  # an animated GIF, APNG or WebP: its first frame
+            image.draft(None, (DRAFT_FACTOR * SIZE, DRAFT_FACTOR * SIZE))  # a no-op for all but JPEG
+            ImageOps.exif_transpose(image, in_place=True)  # in place: a 64 MP picture is not copied once more
+            return _to_rgb(image)
+
+
+@contextmanager
+def _decoding(path: Path):
+    """Whatever Pillow raises on a bad file (OSError, SyntaxError, EOFError, ValueError, struct.error, MemoryError,
+    ... depending on the format's plugin) becomes one ValueError naming the file."""
     try:
-        with Image.open(path) as opened:
-            opened.load()  # decode now: a truncated file fails here, not later
-            return _to_rgb(opened)
+        with warnings.catch_warnings():
+            # Pillow warns past Image.MAX_IMAGE_PIXELS and raises past twice that. As an error here, its warning stops
+            # the file before decoding instead of printing; Image.MAX_IMAGE_PIXELS itself is left alone: it is the
+            # user's process-wide setting, and changing it for a moment would drop the guard for other threads.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
     except UnidentifiedImageError:
-        raise ValueError(f"{path} is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, WebP, ...)") from None
-    except OSError as e:
-        raise ValueError(f"{path} is a broken image file ({e})") from None
+        raise ValueError(f"{path} is not an image Pillow can read (PNG, JPEG, BMP, GIF, TIFF, WebP, ...), "
+                         f"or its header is damaged") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ValueError(f"{path} is too large to decode safely ({e}); downscale it below {MAX_PIXELS:,} "
+                         f"pixels") from None
+    except Exception as e:
+        raise ValueError(f"{path} is a broken image file ({str(e) or type(e).__name__})") from None
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
