@@ -1,4 +1,5 @@
 import io
+import json
 import pickle
 import shutil
 import tarfile
@@ -8,6 +9,9 @@ import numpy as np
 import pytest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
+# Accuracy floors, each measured over five seeds by `python scripts/measure_test_floors.py`, with the settings the
+# tests must use to meet them.
+FLOORS = json.loads((Path(__file__).parent.parent / "results" / "test-floors.json").read_text())
 
 
 @pytest.fixture

@@ -129,8 +129,8 @@ def test_a_killed_release_leaves_the_previous_version_working(home, unbroken, tm
     assert Classifier.load(root / "version_T").predict_proba(image).sum() == pytest.approx(1.0, abs=1e-5)
     assert main(["release", str(unbroken), "--name", "T", "--out", str(root), "--force"]) == 0
     assert leftovers(root) == []
-    print(f"\nFAULT | SIGKILL `cifarkit release --force` while measuring | left: the previous version_T intact, "
-          f"staging folder hidden | rerun: replaced, no leftovers")
+    print("\nFAULT | SIGKILL `cifarkit release --force` while measuring | left: the previous version_T intact, "
+          "staging folder hidden | rerun: replaced, no leftovers")
 
 
 def test_a_killed_import_leaves_the_cache_working(home, synthetic_archive):

@@ -8,15 +8,13 @@ import pytest
 
 from cifarkit import train
 from cifarkit.config import load_recipe
-
-# Measured on the committed sample (2,000 train / 500 test real images), 6 epochs, batch 64, three seeds:
-# 45.6%, 40.2%, 47.8% test accuracy. Chance is 10%; 30% leaves a 10-point margin under the worst seed.
-FIXTURE_THRESHOLD = 0.30
+from conftest import FLOORS
 
 
 def test_cifar10net_learns_on_real_images(cifar_home, tmp_path):
-    summary = train.run(load_recipe("cifar10net", ["train.epochs=6", "train.batch_size=64"]), out=tmp_path / "run")
-    assert summary["test_acc"] > FIXTURE_THRESHOLD
+    check = FLOORS["training"]["cifar10net-6-epochs-sample"]
+    summary = train.run(load_recipe(check["recipe"], check["overrides"]), out=tmp_path / "run")
+    assert summary["test_acc"] >= check["floor"]
 
 
 @pytest.mark.realdata
@@ -31,8 +29,10 @@ def test_real_archive_import_and_short_training(tmp_path, monkeypatch):
                                      text=True).stdout)
     assert info["splits"]["train"]["images"] == 50_000 and info["splits"]["test"]["images"] == 10_000
     out = tmp_path / "run"
-    subprocess.run(cli + ["train", "--recipe", "cifar10net", "--subset", "5000", "--epochs", "2", "--out", str(out)],
-                   env=env, check=True, cwd=tmp_path)
+    check = FLOORS["training"]["cifar10net-2-epochs-real-5000"]
+    overrides = [arg for override in check["overrides"] for arg in ("--set", override)]
+    subprocess.run(cli + ["train", "--recipe", check["recipe"], *overrides, "--out", str(out)], env=env, check=True,
+                   cwd=tmp_path)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["test_acc"] > 0.30  # chance is 10%; measured runs reach 37-41%
+    assert summary["test_acc"] >= check["floor"]
     assert summary["dataset_sha256"] == info["sha256"]

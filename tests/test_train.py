@@ -62,6 +62,8 @@ def test_same_seed_same_weights(cifar_home, tmp_path):
     train.run(load_recipe("cifar10net", recipe), out=tmp_path / "b")
     train.run(load_recipe("cifar10net", recipe + ["train.seed=1"]), out=tmp_path / "c")
     assert_same_weights(weights(tmp_path / "a"), weights(tmp_path / "b"))
+    # Equal weights make equal files, so a release's weights_sha256 identifies the weights themselves.
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     assert not torch.equal(weights(tmp_path / "a")["0.0.weight"], weights(tmp_path / "c")["0.0.weight"])
 
 
