@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from cifarkit import models, release
@@ -95,8 +97,16 @@ def inference_block() -> str:
     return "\n".join(lines)
 
 
+def predict_block() -> str:
+    """What the README's `cifarkit predict` example prints, run here as written."""
+    images = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples" / "images").glob("*.png"))
+    printed = subprocess.run([sys.executable, "-m", "cifarkit", "predict", *images, "--topk", "3"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    return "```\n" + printed + "```"
+
+
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
-          "releases": releases_block, "inference": inference_block}
+          "releases": releases_block, "inference": inference_block, "predict": predict_block}
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
     assert main(["bench", "--models", "simplecnn", "--modes", "fp32", "fp32+cl", "--steps", "2", "--rounds", "1",
                  "--batch-size", "16", "--json", str(out)]) == 0
     table = capsys.readouterr().out
+    assert "median of 1 round of 2 steps" in table
     assert "| simplecnn | fp32 |" in table and "| simplecnn | fp32+cl |" in table
     result = json.loads(out.read_text())
     assert [r["mode"] for r in result["results"]] == ["fp32", "fp32+cl"]

@@ -95,7 +95,7 @@ def test_a_run_killed_anywhere_resumes_to_the_unbroken_result(point, home, unbro
 
 def test_a_run_that_fails_before_writing_leaves_nothing_and_can_be_rerun(home, unbroken, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(TRAIN + ["--out", str(run), "--subset", "60000"]) == 2
+    assert main(TRAIN + ["--out", str(run), "--set", "data.subset=60000"]) == 2
     assert "subset 60000 is larger than" in capsys.readouterr().err
     assert main(TRAIN + ["--out", str(run), "--set", "distill.teacher=no/such/release"]) == 2
     assert "no/such/release" in capsys.readouterr().err

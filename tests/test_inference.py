@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,8 +50,8 @@ def test_odd_modes_and_sizes_give_the_pixels_of_an_independent_conversion():
     def three(channel):
         return np.repeat(channel[:, :, None], 3, axis=2)
 
-    def resized(pixels):  # Pillow's own antialiased resize of the RGB picture
-        return np.asarray(Image.fromarray(pixels).resize((32, 32), Image.Resampling.BICUBIC, reducing_gap=None))
+    def resized(pixels):  # Pillow's own antialiased resize of the RGB picture, with the filter preprocess uses
+        return np.asarray(Image.fromarray(pixels).resize((32, 32), preprocess.RESAMPLE, reducing_gap=None))
 
     cases = {  # kind: (input, the 32 x 32 x 3 pixels it must give)
         "grayscale": (Image.fromarray(gray), three(gray)),
@@ -78,6 +79,20 @@ def test_downscaling_is_antialiased():
     stripes[:, ::2] = 255  # one-pixel stripes: nearest-neighbour sampling would give pure black or white
     small = preprocess.to_uint8(stripes).astype(float)
     assert abs(small.mean() - 127.5) < 5 and small.std() < 10
+
+
+def test_the_filter_is_the_one_the_measurement_chose():
+    measured = json.loads((Path(__file__).parent.parent / "results" / "resize-filters.json").read_text())
+    assert preprocess.RESAMPLE == Image.Resampling[measured["choice"].upper()]
+
+
+@pytest.mark.parametrize("upscale", [Image.Resampling.NEAREST, Image.Resampling.BOX])
+def test_a_4x_upscale_of_a_real_image_gives_back_its_pixels_which_bicubic_does_not(test_image, upscale):
+    pixels, _ = test_image
+    enlarged = Image.fromarray(pixels).resize((128, 128), upscale)
+    error = np.abs(preprocess.to_uint8(enlarged).astype(int) - pixels).max()
+    bicubic_error = np.abs(preprocess.to_uint8(enlarged, Image.Resampling.BICUBIC).astype(int) - pixels).max()
+    assert error <= 1 < bicubic_error
 
 
 @pytest.mark.parametrize("bad, message", [

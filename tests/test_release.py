@@ -1,5 +1,6 @@
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -79,12 +80,16 @@ def test_an_existing_release_is_kept_unless_forced(released, tmp_path):
     assert (released / "metrics.json").read_bytes() == before
 
 
-def test_force_replaces_a_release_atomically(released, tmp_path, monkeypatch):
-    root = tmp_path / "models"
+def test_force_replaces_a_release_atomically_saying_what_it_measures(released, tmp_path, monkeypatch, capsys,
+                                                                     caplog):
+    root = tmp_path / "cifar10_models"
     shutil.copytree(released.parent, root)
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CIFARKIT_HOME", str(released.parent.parent / "home"))
+    monkeypatch.delenv("CIFARKIT_DATA", raising=False)  # the sample's 500 test images, as the messages say
     monkeypatch.setattr(release, "INFERENCE_ROUNDS", 1)
     monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
+    caplog.set_level(logging.INFO, logger="cifarkit")
     exchanges = []
     exchange = release._exchange
 
@@ -93,7 +98,17 @@ def test_force_replaces_a_release_atomically(released, tmp_path, monkeypatch):
         return exchanges[-1]
 
     monkeypatch.setattr(release, "_exchange", counted_exchange)
-    release.make_release(released.parent.parent / "run", "T", root, force=True, weights_dtype="fp16")
+    run_dir = released.parent.parent / "run"
+    assert main(["release", str(run_dir), "--name", "T", "--force", "--weights-dtype", "fp16"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("released cifar10_models/version_T: test accuracy ")
+    assert out[1] == ("use it as `cifarkit predict --model T IMAGE`, `cifarkit export T --format onnx` or "
+                      "`Classifier.load('T')`")
+    assert caplog.messages == [
+        "measuring test accuracy (500 images, fp32, single view and with TTA)...",
+        "exporting the ONNX model for the onnxruntime measurement...",
+        "measuring each backend's top-1 agreement with fp32 (500 images) and inference speed (3 backends x 2 batch "
+        "sizes; the median over rounds: 1, of 0.02 s each)..."]
     metrics = json.loads((root / "version_T" / "metrics.json").read_text())
     assert metrics["weights_dtype"] == "fp16"
     assert metrics["weights_bytes"] < json.loads((released / "metrics.json").read_text())["weights_bytes"] * 0.6
@@ -154,13 +169,17 @@ def test_onnx_backend_agrees_with_fp32(released, cifar_home, tmp_path):
     assert (fp32 - onnx).abs().max().item() < 1e-3
 
 
-def test_onnxruntime_without_an_exported_file_exports_once_into_the_cache(released, cifar_home):
+def test_onnxruntime_without_an_exported_file_exports_once_into_the_cache(released, cifar_home, caplog):
     assert not (released / "model.onnx").exists()
     pixels = data.load().test_x[:16].permute(0, 2, 3, 1).numpy()
+    caplog.set_level(logging.INFO, logger="cifarkit")
     onnx = Classifier.load(released, backend="onnxruntime").logits(pixels)
     cached = list((cifar_home / "onnx").glob("*.onnx"))
     assert len(cached) == 1
+    exporting = f"exporting the ONNX model once into the cache {cifar_home / 'onnx'} (later loads reuse it)..."
+    assert caplog.messages == [exporting]  # said while the user waits, and only then
     again = Classifier.load(released, backend="onnxruntime")
+    assert caplog.messages == [exporting]
     assert list((cifar_home / "onnx").glob("*.onnx")) == cached
     assert (again.logits(pixels) - onnx).abs().max().item() == 0
     fp32 = Classifier.load(released, backend="torch-fp32").logits(pixels)

@@ -115,6 +115,8 @@ def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(cifar_home, tmp_pa
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("cifarkit: error: training diverged: the loss became NaN/inf") and "--lr" in err
+    assert err.endswith(f"of epoch 2; lower the learning rate (--lr) or set train.grad_clip; the checkpoint of "
+                        f"epoch 1 is kept in {out / 'checkpoints' / 'last.pt'}")
     last = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
     assert last["epoch"] == 1 and all(torch.isfinite(v).all() for v in last["model"].values())
     assert not (out / "model.safetensors").exists()
@@ -141,7 +143,7 @@ def test_val_split_selects_the_checkpoint(cifar_home, tmp_path):
 def test_eval_command(cifar_home, tmp_path, capsys):
     out = tmp_path / "run"
     summary = train.run(load_recipe("simplecnn", ["train.epochs=1", "data.subset=500"]), out=out)
-    assert main(["eval", str(out), "--json"]) == 0
+    assert main(["eval", str(out), "--json", "--precision", summary["precision"]]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["test_acc"] == pytest.approx(summary["test_acc"])
     assert set(result["per_class_acc"]) == set(data.CLASSES)

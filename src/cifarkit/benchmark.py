@@ -7,6 +7,8 @@ slows every configuration alike instead of one of them; compare the ratios, whic
 """
 from __future__ import annotations
 
+import itertools
+import logging
 import statistics
 import time
 
@@ -16,12 +18,16 @@ import torch
 from cifarkit import models
 from cifarkit.config import AugmentConfig, DataConfig, OptimConfig, ScheduleConfig
 from cifarkit.data import TrainLoader
-from cifarkit.device import configure, pick_precision
+from cifarkit.device import configure, pick_precision, precision_problem
 from cifarkit.errors import CifarkitError
 from cifarkit.engine import ClassificationLoss, TrainState, train_one_epoch
 from cifarkit.optim import build_optimizer, build_schedule
 
 MODES = {"fp32": ("fp32", False), "fp32+cl": ("fp32", True), "bf16+cl": ("bf16", True), "fp16+cl": ("fp16", True)}
+# Random images the steps cycle through, so that more --steps cost time, not memory.
+SYNTHETIC_IMAGES = 4096
+
+log = logging.getLogger("cifarkit")
 
 
 def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, steps: int) -> float:
@@ -33,15 +39,16 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=0.01))
     state = TrainState(model, model, optimizer, build_schedule(optimizer, ScheduleConfig(), 1, steps + 1),
                        torch.amp.GradScaler(device.type, enabled=precision.grad_scaler), None)
-    images = torch.randint(0, 256, ((steps + 1) * batch_size, 3, 32, 32), dtype=torch.uint8, device=device)
+    images = torch.randint(0, 256, (max(SYNTHETIC_IMAGES, batch_size), 3, 32, 32), dtype=torch.uint8, device=device)
     labels = torch.randint(0, 10, (len(images),), device=device)
     loader = TrainLoader(images, labels, batch_size, DataConfig(augment=AugmentConfig(crop_pad=4, flip=True)),
                          seed=0, memory_format=memory_format)
-    batches = loader.epoch(1)
+    batches = itertools.chain.from_iterable(loader.epoch(epoch) for epoch in itertools.count(1))
     loss_fn = ClassificationLoss()
     # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
     train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None)
-    stats = train_one_epoch(state, batches, steps, batch_size, loss_fn, device, precision, None)
+    stats = train_one_epoch(state, itertools.islice(batches, steps), steps, batch_size, loss_fn, device, precision,
+                            None)
     return stats["images_per_s"]
 
 
@@ -50,11 +57,17 @@ def train_throughput(model_names, modes, device: torch.device, batch_size: int =
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:
         raise CifarkitError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    for mode in modes:
+        problem = precision_problem(MODES[mode][0], device)
+        if problem:
+            usable = [m for m in MODES if not precision_problem(MODES[m][0], device)]
+            raise CifarkitError(f"mode {mode}: {problem}; on {device.type} choose --modes from {', '.join(usable)}")
     for name in model_names:
         models.create(name)  # an unknown name fails here, listing the registered ones, before anything is timed
     configure(device)
     samples = {(m, mode): [] for m in model_names for mode in modes}
-    for _ in range(rounds):
+    for round_ in range(1, rounds + 1):
+        log.info("measuring, round %d of %d", round_, rounds)
         for key in samples:
             samples[key].append(_measure(*key, device, batch_size, steps))
     rows = []

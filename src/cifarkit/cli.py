@@ -4,16 +4,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from cifarkit.errors import LOG_FORMAT, CifarkitError, describe_os_error
 
 DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; see README measurements
+GRID_MAX = 256  # images in a `data show` grid: 32 rows of 8 still make a page; 100,000 once took 13 GB
+DEVICES = ("auto", "cuda", "mps", "cpu")
 
 
 def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2))
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def cmd_env(args) -> None:
@@ -40,10 +47,23 @@ def cmd_models(args) -> None:
 
 
 def cmd_recipes(args) -> None:
-    from cifarkit.config import builtin_recipes, load_recipe
-    for name in sorted(builtin_recipes()):
-        default = " (default)" if name == DEFAULT_RECIPE else ""
-        print(f"{name:<16} {load_recipe(name).description}{default}")
+    import yaml
+    from cifarkit.config import builtin_recipes, explain, load_recipe
+    if args.recipe is None:
+        for name in sorted(builtin_recipes()):
+            default = " (default)" if name == DEFAULT_RECIPE else ""
+            print(f"{name:<16} {load_recipe(name).description}{default}")
+        return
+    recipe, header, rows = explain(args.recipe)
+    print(f"{recipe.name}{' (default)' if recipe.name == DEFAULT_RECIPE else ''}: {recipe.description}")
+    for line in header:
+        print(f"# {line}")
+    for key, value, reason in rows:
+        # YAML's spelling (null, true, [0.5, 0.5, 0.5]): what --set and a recipe file take.
+        shown = yaml.safe_dump(list(value) if isinstance(value, tuple) else value, default_flow_style=True,
+                               width=1_000).strip().removesuffix("\n...")
+        note = "default" if reason is None else reason
+        print(f"{key} = {shown}" + (f"  # {note}" if note else ""))
 
 
 def cmd_data_import(args) -> None:
@@ -74,37 +94,75 @@ def cmd_data_info(args) -> None:
 def cmd_data_show(args) -> None:
     import torch
     from cifarkit import data, plots
+    from cifarkit.config import check_seed
+    check_seed(args.seed, "--seed")
+    plots.figure_format(Path(args.out))  # a suffix it cannot write fails before the data is loaded
     dataset = data.load()
     x, y = (dataset.train_x, dataset.train_y) if args.split == "train" else (dataset.test_x, dataset.test_y)
     idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(args.seed))[:args.count]
     plots.sample_grid(x[idx], y[idx], data.CLASSES, Path(args.out))
-    print(f"wrote {args.out} ({len(idx)} {args.split} images)")
+    print(f"wrote {args.out} ({_plural(len(idx), args.split + ' image')})")
 
 
-SHORTCUTS = {"epochs": "train.epochs", "batch_size": "train.batch_size", "lr": "optim.lr", "seed": "train.seed",
-             "subset": "data.subset", "device": "train.device", "precision": "train.precision"}
+# Recipe fields with an option of their own in `train` and `speedrun`: option -> (recipe key, type or choices, help).
+# The recipe checks their values, as it checks any --set.
+SHORTCUTS = {
+    "epochs": ("train.epochs", int, "passes over the training images"),
+    "batch_size": ("train.batch_size", int, "images per training step"),
+    "lr": ("optim.lr", float, "peak learning rate of the schedule"),
+    "seed": ("train.seed", int, "seed of the initialization, the data order and the augmentation"),
+    "subset": ("data.subset", int, "train on a class-balanced subset of this many training images"),
+    "device": ("train.device", DEVICES, "auto: CUDA, then MPS, then the CPU"),
+    "precision": ("train.precision", ("auto", "fp32", "bf16", "fp16"),
+                  "auto: fp16 on CUDA, bf16 on CPUs with native bf16, fp32 otherwise"),
+}
+
+
+def _add_recipe_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """--recipe, --set, the SHORTCUTS and --compile, the same in every command that trains."""
+    p.add_argument("--recipe", help=f"built-in recipe name (`cifarkit recipes` lists them) or YAML path "
+                                    f"(default: {DEFAULT_RECIPE})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. --set optim.weight_decay=5e-4 (repeatable; "
+                        "`cifarkit recipes NAME` lists the fields)")
+    for flag, (key, kind, text) in SHORTCUTS.items():
+        if flag in skip:
+            continue
+        typed = {"choices": kind} if isinstance(kind, tuple) else {"type": kind, "metavar": kind.__name__.upper()}
+        p.add_argument(f"--{flag.replace('_', '-')}", **typed, help=f"{text} (default: the recipe's {key})")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (sets train.compile)")
+
+
+def _overrides(args) -> list[str]:
+    """The --set values (applied in order, like the recipe's own lines) and the shortcuts, as KEY=VALUE overrides.
+    A shortcut and a --set of the same field is an error: neither comes "after" the other, and a silent pick would
+    train something the user did not ask for."""
+    shortcuts = {key: (f"--{flag.replace('_', '-')} {getattr(args, flag)}", f"{key}={getattr(args, flag)}")
+                 for flag, (key, _, _) in SHORTCUTS.items() if getattr(args, flag, None) is not None}
+    if args.compile:
+        shortcuts["train.compile"] = ("--compile", "train.compile=true")
+    for text in args.set:
+        key = text.partition("=")[0].strip()
+        if key in shortcuts:
+            raise CifarkitError(f"--set {text} and {shortcuts[key][0]} both set {key}; give it once")
+    return list(args.set) + [override for _, override in shortcuts.values()]
 
 
 def cmd_train(args) -> None:
     from cifarkit import train
     from cifarkit.config import load_recipe
     if args.resume:
-        changed = [f"--{k.replace('_', '-')}" for k in SHORTCUTS if getattr(args, k) is not None]
-        if args.recipe or args.set or args.out or args.compile or changed:
+        if args.recipe or args.out or _overrides(args):
             raise CifarkitError("--resume continues a run exactly as configured; drop the other options")
         train.run(resume=Path(args.resume))
         return
-    overrides = list(args.set)
-    overrides += [f"{key}={getattr(args, flag)}" for flag, key in SHORTCUTS.items() if getattr(args, flag) is not None]
-    if args.compile:
-        overrides.append("train.compile=true")
-    recipe = load_recipe(args.recipe or DEFAULT_RECIPE, overrides)
+    recipe = load_recipe(args.recipe or DEFAULT_RECIPE, _overrides(args))
     train.run(recipe, out=Path(args.out) if args.out else None)
 
 
 def cmd_eval(args) -> None:
     from cifarkit.evaluation import evaluate_weights
-    result = evaluate_weights(Path(args.target), tta=args.tta, device=args.device,
+    result = evaluate_weights(args.target, tta=args.tta, device=args.device, precision=args.precision,
                               figure=Path(args.figure) if args.figure else None)
     if args.json:
         _print_json(result)
@@ -125,7 +183,8 @@ def cmd_bench(args) -> None:
     rows = train_throughput(args.models or names(), args.modes, device, args.batch_size, args.steps, args.rounds)
     env = report(device)
     print("\n".join(describe(env)))
-    print(f"\ntraining throughput, batch {args.batch_size}, median of {args.rounds} rounds of {args.steps} steps")
+    print(f"\ntraining throughput, batch {args.batch_size}, median of {_plural(args.rounds, 'round')} of "
+          f"{_plural(args.steps, 'step')}")
     print(f"| model | mode | img/s | vs {args.modes[0]} |\n|---|---|---:|---:|")
     for r in rows:
         print(f"| {r['model']} | {r['mode']} | {r['images_per_s']:.0f} | {r[f'speedup_vs_{args.modes[0]}']:.2f}x |")
@@ -137,11 +196,12 @@ def cmd_bench(args) -> None:
 
 def cmd_speedrun(args) -> None:
     from cifarkit import speedrun
+    from cifarkit.config import check_seed
     from cifarkit.files import write_json
-    if args.runs < 1:
-        raise CifarkitError(f"--runs must be at least 1, got {args.runs}")
-    report = speedrun.run(args.recipe, args.runs, args.target, Path(args.out) if args.out else None,
-                          args.first_seed, curve=not args.no_curve, overrides=tuple(args.set))
+    check_seed(args.first_seed, "--first-seed")
+    check_seed(args.first_seed + args.runs - 1, "the last seed, --first-seed + --runs - 1")
+    report = speedrun.run(args.recipe or DEFAULT_RECIPE, args.runs, args.target, Path(args.out) if args.out else None,
+                          args.first_seed, curve=not args.no_curve, overrides=tuple(_overrides(args)))
     print(speedrun.table(report))
     print(f"timer: {report['timer_covers']}")
     print(f"wrote {report['out_dir']}/speedrun.json and speedrun.png")
@@ -156,7 +216,7 @@ def cmd_release(args) -> None:
         from cifarkit.release import check
         if args.run_dir or args.name:
             raise CifarkitError("--check RELEASE verifies an existing release; drop RUN_DIR and --name")
-        folder = release_dir(args.check)
+        folder = release_dir(args.check, accepts="a release folder")
         findings = check(folder)
         for name, verdict, problem in findings:
             print(f"{verdict:<8}{name}" + (f": {problem}" if problem else ""))
@@ -167,6 +227,7 @@ def cmd_release(args) -> None:
         return
     if not (args.run_dir and args.name):
         raise CifarkitError("give the run folder and --name to write a release, or --check RELEASE to verify one")
+    from cifarkit.inference import known_releases
     from cifarkit.release import make_release
     target = make_release(Path(args.run_dir), args.name, Path(args.out), force=args.force,
                           weights_dtype=args.weights_dtype, speedrun=Path(args.speedrun) if args.speedrun else None,
@@ -177,21 +238,25 @@ def cmd_release(args) -> None:
           f"with TTA), {metrics['weights_bytes'] / 1e6:.1f} MB of {metrics['weights_dtype']} weights, "
           f"{inference['images_per_s_batch1']:,.0f} img/s at batch 1 and {inference['images_per_s_batch256']:,.0f} "
           f"at batch 256 ({inference['default_backend']})")
+    # Its name reaches it only where names are looked up (./cifar10_models); elsewhere the folder does.
+    reached = known_releases().get(args.name)
+    handle = args.name if reached and reached.resolve() == target.resolve() else str(target)
+    print(f"use it as `cifarkit predict --model {handle} IMAGE`, `cifarkit export {handle} --format onnx` or "
+          f"`Classifier.load({handle!r})`")
 
 
 def cmd_compare(args) -> None:
-    from cifarkit.inference import SHIPPED
     from cifarkit.release import compare
-    root = Path(args.root) if args.root else SHIPPED
-    # Beside the user's releases; for the shipped ones (inside the package), in the current folder.
-    figure = Path(args.figure) if args.figure else (root if args.root else Path()) / "comparison.png"
+    root = Path(args.root) if args.root else None
+    # Beside the releases of ROOT; with none given (the shipped ones lie inside the package), in the current folder.
+    figure = Path(args.figure) if args.figure else (root or Path()) / "comparison.png"
     print(compare(root, figure))
     print(f"\nchart: {figure}")
 
 
 def cmd_predict(args) -> None:
-    from cifarkit.inference import Classifier, release_dir
-    classifier = Classifier.load(release_dir(args.model), backend=args.backend, verify=not args.no_verify)
+    from cifarkit.inference import Classifier
+    classifier = Classifier.load(args.model, backend=args.backend, verify=not args.no_verify)
     results, failed = [], 0
     for path in args.images:
         try:
@@ -220,97 +285,120 @@ def cmd_predict(args) -> None:
 
 def cmd_export(args) -> None:
     from cifarkit.export import export
-    from cifarkit.inference import release_dir
-    report = export(release_dir(args.release), args.format)
+    report = export(args.release, args.format)
     print(f"wrote {report['file']} ({report['size_bytes'] / 1e6:.1f} MB); parity on {report['images']} real test "
           f"images: max abs logit difference {report['max_abs_logit_diff']:.2e}, top-1 agreement "
           f"{100 * report['top1_agreement']:.2f}%")
 
 
+def _bounded(low, high=None, kind=int, why: str = ""):
+    """An argparse type: a `kind` from `low` to `high`; anything else is an argument error that gives the range."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if not (low <= value and (high is None or value <= high)):  # written so that NaN fails too
+            span = f"at least {low}" if high is None else f"from {low} to {high:,}"
+            raise argparse.ArgumentTypeError(f"must be {span}{f' ({why})' if why else ''}, got {text}")
+        return value
+    return parse
+
+
+def _command(group, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help opens with the line that lists it."""
+    return group.add_parser(name, help=summary, description=summary)
+
+
+EPILOG = ("Start with `cifarkit train` (the fast recipe; `cifarkit recipes` lists the others), then "
+          "`cifarkit eval RUN_DIR`. `cifarkit COMMAND --help` shows a command's options.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Nothing here imports torch: `cifarkit --help` and argument errors answer at once. Choices that live in the
     # registries (models, benchmark modes) are checked by the stage, whose error lists them.
-    from cifarkit import __version__
-    parser = argparse.ArgumentParser(prog="cifarkit", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"cifarkit {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    import cifarkit
+    parser = argparse.ArgumentParser(prog="cifarkit", description=cifarkit.__doc__.strip(), epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"cifarkit {cifarkit.__version__}")
+    # No dest: a missing command is then named by its choices, e.g. "required: {import,info,show}".
+    sub = parser.add_subparsers(required=True, title="commands")
 
-    p = sub.add_parser("env", help="report the device, CUDA/cuDNN, bf16 support and threads")
-    p.add_argument("--json", action="store_true")
+    p = _command(sub, "env", "report the device, CUDA/cuDNN, bf16 support and threads")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_env)
 
-    p = sub.add_parser("models", help="list the registered models with parameters and MACs")
-    p.add_argument("--json", action="store_true")
+    p = _command(sub, "models", "list the registered models with parameters and MACs")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_models)
 
-    sub.add_parser("recipes", help="list the built-in recipes").set_defaults(func=cmd_recipes)
+    p = _command(sub, "recipes", "list the built-in recipes, or show one recipe's values and the reason for each")
+    p.add_argument("recipe", nargs="?", metavar="RECIPE", help="a built-in recipe name or a YAML path")
+    p.set_defaults(func=cmd_recipes)
 
-    data_parser = sub.add_parser("data", help="import, inspect and show CIFAR-10")
-    data_sub = data_parser.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser("import", help="verify an archive or folder in the python layout and cache it")
-    p.add_argument("path")
+    data_sub = _command(sub, "data", "import, inspect and show CIFAR-10").add_subparsers(required=True,
+                                                                                         title="commands")
+    p = _command(data_sub, "import", "verify an archive or folder in the python layout and cache it")
+    p.add_argument("path", help="cifar-10-python.tar.gz or the folder it unpacks to (a local path, not a URL)")
     p.set_defaults(func=cmd_data_import)
-    p = data_sub.add_parser("info", help="counts per split and class, content sha256")
-    p.add_argument("--json", action="store_true")
+    p = _command(data_sub, "info", "counts per split and class, content sha256")
+    p.add_argument("--json", action="store_true", help="print the counts and checksums as JSON")
     p.set_defaults(func=cmd_data_info)
-    p = data_sub.add_parser("show", help="write a labelled grid of sample images")
-    p.add_argument("--out", required=True, help="PNG file to write")
-    p.add_argument("--split", choices=("train", "test"), default="train")
-    p.add_argument("--count", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    p = _command(data_sub, "show", "write a labelled grid of sample images")
+    p.add_argument("--out", required=True, help="figure file to write: .png, .jpg/.jpeg, .pdf or .svg")
+    p.add_argument("--split", choices=("train", "test"), default="train", help="images to draw from (default: train)")
+    p.add_argument("--count", type=_bounded(1, GRID_MAX, why="a bigger grid is no longer a picture"), default=64,
+                   help=f"images in the grid, 1 to {GRID_MAX} (default: 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random pick (default: 0)")
     p.set_defaults(func=cmd_data_show)
 
-    p = sub.add_parser("train", help=f"train a recipe (default: {DEFAULT_RECIPE})")
-    p.add_argument("--recipe", help="built-in recipe name or YAML path")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a recipe field, e.g. --set optim.weight_decay=5e-4 (repeatable)")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--subset", type=int, help="class-balanced subset of N training images")
-    p.add_argument("--device", choices=("auto", "cuda", "mps", "cpu"))
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"))
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p = _command(sub, "train", f"train a recipe (default: {DEFAULT_RECIPE}) into a run folder")
+    _add_recipe_options(p)
     p.add_argument("--out", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="test accuracy, per-class accuracy and confusion matrix of trained weights")
-    p.add_argument("target", help="run folder or .safetensors file")
+    p = _command(sub, "eval", "test accuracy, per-class accuracy and confusion matrix of trained weights")
+    p.add_argument("target", help="version name (A, or C for ./cifar10_models/version_C), release or run folder, or "
+                                  ".safetensors file")
     p.add_argument("--tta", action="store_true", help="test-time augmentation: mirror + 1-pixel shifts, weighted logits")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
-    p.add_argument("--figure", help="confusion-matrix PNG (default: confusion.png beside the weights)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA, then MPS, then the CPU")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "auto"),
+                   help="fp32 (default) gives the accuracy releases record and Classifier.predict computes")
+    p.add_argument("--figure", help="confusion-matrix figure, .png/.jpg/.pdf/.svg (default: confusion.png beside a "
+                                    "run's weights; confusion_version_NAME.png here for a release)")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("speedrun", help="train a recipe over N seeds; report mean, std, CI, t-test and wall time")
-    p.add_argument("--recipe", default="fast")
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--target", type=float, default=0.94, help="accuracy to test the mean against (default 0.94)")
-    p.add_argument("--first-seed", type=int, default=0)
+    p = _command(sub, "speedrun", "train a recipe over N seeds; report mean, std, CI, t-test and wall time")
+    _add_recipe_options(p, skip=("seed",))  # --first-seed sets the seeds
+    p.add_argument("--runs", type=_bounded(1), default=5, help="runs, one per seed (default: 5)")
+    p.add_argument("--first-seed", type=int, default=0, help="seed of the first run; the others count up (default: 0)")
+    p.add_argument("--target", type=_bounded(0.0, 1.0, float, why="an accuracy: 0.94 is 94%"), default=0.94,
+                   help="accuracy to test the mean against (default: 0.94)")
     p.add_argument("--no-curve", action="store_true", help="skip the per-epoch test passes (they count as time)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe override (repeatable)")
     p.add_argument("--out", help="folder for the runs (default: runs/speedrun-<recipe>-<time>)")
-    p.add_argument("--json", help="also write the report here")
+    p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(func=cmd_speedrun)
 
-    p = sub.add_parser("bench", help="training img/s per model and precision (prints a table, writes JSON)")
+    p = _command(sub, "bench", "training img/s per model and precision (prints a table, writes JSON)")
     p.add_argument("--models", nargs="+", help="registered model names (default: all; `cifarkit models` lists them)")
     p.add_argument("--modes", nargs="+", default=["fp32", "bf16+cl"],
-                   help="precision and memory layout: fp32, fp32+cl, bf16+cl, fp16+cl (cl = channels-last)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "mps", "cpu"))
-    p.add_argument("--json", help="write the results here")
+                   help="precision and memory layout: fp32, fp32+cl, bf16+cl, fp16+cl (cl = channels-last; "
+                        "default: fp32 bf16+cl); the first is the baseline of the speed-up column")
+    p.add_argument("--batch-size", type=_bounded(1, 50_000, why="CIFAR-10 has 50,000 training images"), default=128,
+                   help="images per step (default: 128)")
+    p.add_argument("--steps", type=_bounded(1), default=10, help="timed steps per measurement (default: 10)")
+    p.add_argument("--rounds", type=_bounded(1), default=3,
+                   help="interleaved rounds; the table shows each configuration's median (default: 3)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA, then MPS, then the CPU")
+    p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("release", help="package a finished run as a versioned release folder, or check one")
+    p = _command(sub, "release", "package a finished run as a versioned release folder, or check one")
     p.add_argument("run_dir", nargs="?", help="folder of a finished `cifarkit train` run")
     p.add_argument("--name", help="version name: writes <out>/version_<name>")
     p.add_argument("--check", metavar="RELEASE",
-                   help="verify every file of a release (shipped version A, B or a folder) against its metrics.json")
+                   help="verify every file of a release (a version name or a release folder) against its metrics.json")
     p.add_argument("--out", default="cifar10_models", help="folder holding the releases (default: cifar10_models)")
     p.add_argument("--force", action="store_true", help="replace an existing release of that name")
     p.add_argument("--weights-dtype", choices=("fp32", "fp16"), default="fp32",
@@ -319,24 +407,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-onnx", action="store_true", help="keep the model.onnx the speed measurement used")
     p.set_defaults(func=cmd_release)
 
-    p = sub.add_parser("compare", help="markdown table and PNG chart of the releases in a folder")
-    p.add_argument("root", nargs="?", help="folder of version_* releases (default: the shipped releases)")
-    p.add_argument("--figure", help="PNG to write (default: comparison.png in ROOT, or here for the shipped ones)")
+    p = _command(sub, "compare", "markdown table and PNG chart of the releases in a folder")
+    p.add_argument("root", nargs="?", help="folder of version_* releases (default: ./cifar10_models and the shipped "
+                                          "releases, as names resolve)")
+    p.add_argument("--figure", help="chart to write, .png/.jpg/.pdf/.svg (default: comparison.png in ROOT, or here)")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("predict", help="classify image files with a release")
-    p.add_argument("images", nargs="+", metavar="IMAGE")
-    p.add_argument("--model", default="A", help="shipped version (A, B) or a release folder / .safetensors path")
-    p.add_argument("--topk", type=int, default=1, choices=range(1, 11), metavar="K")
+    p = _command(sub, "predict", "classify image files with a release")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...; any size)")
+    p.add_argument("--model", default="A", help="version name (./cifar10_models/version_NAME, then the shipped A, "
+                                                "B), or a release folder, run folder or .safetensors path")
+    p.add_argument("--topk", type=_bounded(1, 10, why="CIFAR-10 has 10 classes"), default=1, metavar="K",
+                   help="show the K most likely classes per image (default: 1)")
     p.add_argument("--json", action="store_true", help="one JSON list with an object per image")
-    p.add_argument("--backend", default="auto", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"))
+    p.add_argument("--backend", default="auto", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"),
+                   help="auto: the one the release's metrics.json recommends (default: auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="use the release's weights (and model.onnx) even if they differ from what metrics.json records")
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("export", help="write ONNX / torch.export / TorchScript into a release, checked for parity")
-    p.add_argument("release", help="shipped version (A, B) or a release folder")
-    p.add_argument("--format", required=True, choices=("onnx", "exported", "torchscript"))
+    p = _command(sub, "export", "write ONNX / torch.export / TorchScript into a release, checked for parity")
+    p.add_argument("release", help="version name or release folder")
+    p.add_argument("--format", required=True, choices=("onnx", "exported", "torchscript"),
+                   help="onnx: model.onnx; exported: torch.export's model.pt2; torchscript: model.torchscript.pt")
     p.set_defaults(func=cmd_export)
     return parser
 
@@ -346,15 +439,30 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
+        sys.stdout.flush()  # a reader that has gone away shows here, not in the flush at exit that prints a traceback
+    except BrokenPipeError:
+        # `cifarkit data info | head -1`: the reader has what it wanted. As Python's docs advise (signal module,
+        # "Note on SIGPIPE"): stdout goes to devnull so that the flush at exit stays quiet, and the exit code is 1.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except CifarkitError as e:
         return _fail(str(e))
     except OSError as e:  # disk full, read-only or missing folders, permissions: the system's words and a way out
         return _fail(describe_os_error(e))
-    except KeyboardInterrupt:
-        return _fail("interrupted; an interrupted training run continues with `cifarkit train --resume RUN_DIR`", 130)
+    except KeyboardInterrupt as e:  # a training run says how to continue it; other commands simply stop
+        return _fail(str(e) or "interrupted", 130)
     return 0
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"cifarkit: error: {message}", file=sys.stderr)
+    line = f"cifarkit: error: {message}"
+    if sys.stderr.isatty():
+        # A progress bar that Ctrl-C cut short as it was being drawn or cleared may still hold the terminal's line:
+        # write over all of it, as tqdm itself does.
+        try:
+            width = os.get_terminal_size(sys.stderr.fileno()).columns
+        except OSError:
+            width = 0
+        line = "\r" + line.ljust(width - 1)
+    print(line, file=sys.stderr)
     return code

@@ -6,6 +6,7 @@ setting (the failure mode of configs that are plain dicts).
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ class TrainConfig:
 
 @dataclass
 class DistillConfig:
-    teacher: str | None = None  # a release: a shipped version name ("A") or a release folder; None = off
+    teacher: str | None = None  # a version name (./cifar10_models, then shipped) or a release folder; None = off
     temperature: float = 4.0  # softens both distributions so the teacher's ranking of the wrong classes teaches
     weight: float = 0.3  # loss = (1 - weight) * CE + weight * T^2 * KL(teacher || student)
 
@@ -101,6 +102,9 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
 
+
+# Seeds fit numpy's range; an epoch's generator is seeded with seed * 100_003 + epoch, which must fit torch's 64 bits.
+MAX_SEED = 2**32 - 1
 
 CHOICES = {
     "optim.name": ("sgd", "adam", "adamw"),
@@ -177,12 +181,18 @@ def _check_ranges(recipe: Recipe) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise CifarkitError(f"bad value for {key}: {value!r} (must be > 0)")
+    check_seed(recipe.train.seed, "train.seed")
     if recipe.data.subset is not None and recipe.data.subset < 10:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
     if recipe.train.ema_decay is not None and not 0.0 < recipe.train.ema_decay < 1.0:
         raise CifarkitError(f"bad value for train.ema_decay: {recipe.train.ema_decay} (must be in (0, 1))")
     if not 0.0 <= recipe.distill.weight <= 1.0:
         raise CifarkitError(f"bad value for distill.weight: {recipe.distill.weight} (must be in [0, 1])")
+
+
+def check_seed(seed: int, name: str) -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise CifarkitError(f"bad value for {name}: {seed} (a seed is a whole number from 0 to {MAX_SEED:,})")
 
 
 def builtin_recipes() -> dict[str, Path]:
@@ -195,6 +205,9 @@ def _read_yaml(path: Path) -> dict:
         data = yaml.safe_load(path.read_text())
     except OSError as e:
         raise CifarkitError(f"cannot read recipe {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise CifarkitError(f"recipe {path} is not a text file (byte {e.start} is not UTF-8); give a recipe name "
+                            f"({', '.join(sorted(builtin_recipes()))}) or a YAML file") from None
     except yaml.YAMLError as e:
         raise CifarkitError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from e
     if not isinstance(data, dict):
@@ -219,15 +232,18 @@ def nest(key: str, value) -> dict:
     return value
 
 
-def load_recipe(name_or_path: str, overrides: list[str] | tuple = ()) -> Recipe:
-    """Load a built-in recipe by name, or a YAML file by path, then apply `key=value` overrides in order."""
+def recipe_path(name_or_path: str) -> Path:
     known = builtin_recipes()
     if name_or_path in known:
-        path = known[name_or_path]
-    elif name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).exists():
-        path = Path(name_or_path)
-    else:
-        raise CifarkitError(f"unknown recipe {name_or_path!r}; choose from {', '.join(sorted(known))} or give a YAML path")
+        return known[name_or_path]
+    if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).exists():
+        return Path(name_or_path)
+    raise CifarkitError(f"unknown recipe {name_or_path!r}; choose from {', '.join(sorted(known))} or give a YAML path")
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | tuple = ()) -> Recipe:
+    """Load a built-in recipe by name, or a YAML file by path, then apply `key=value` overrides in order."""
+    path = recipe_path(name_or_path)
     recipe = Recipe()
     data = _read_yaml(path)
     data.setdefault("name", path.stem)
@@ -254,3 +270,67 @@ def to_dict(recipe: Recipe) -> dict:
             return {k: plain(x) for k, x in v.items()}
         return v
     return plain(dataclasses.asdict(recipe))
+
+
+def explain(name_or_path: str) -> tuple[Recipe, list[str], list[tuple[str, object, str | None]]]:
+    """(the recipe, its file's opening comment lines, (dotted key, resolved value, reason) for every field).
+
+    A reason is the YAML comment on the key's line and the comment lines right above it, "" for a key the file sets
+    without one, None for a field the file leaves at its default.
+    """
+    path = recipe_path(name_or_path)
+    recipe = load_recipe(name_or_path)
+    header, comments = _yaml_comments(path.read_text())
+    set_keys = set(flatten(_read_yaml(path)))
+    rows = [(key, value, comments.get(key, "") if key in set_keys else None)
+            for key, value in flatten(dataclasses.asdict(recipe)).items() if key not in ("name", "description")]
+    return recipe, header, rows
+
+
+def flatten(mapping: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of a nested mapping's non-mapping values: {'train': {'seed': 0}} -> {'train.seed': 0}."""
+    out = {}
+    for name, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def _yaml_comments(text: str) -> tuple[list[str], dict[str, str]]:
+    """(the comment lines before the first key, {dotted key: its comment}) of a block-style YAML mapping."""
+    header, comments, above, parents = [], {}, [], []
+    for line in text.splitlines():
+        content, comment = _split_comment(line)
+        key = re.match(r"(\s*)([^\s#:][^:]*):(\s|$)", content)
+        if not content.strip():
+            if comment is None:  # a blank line ends a comment block: it belonged to nothing below
+                above = []
+            else:
+                (above if parents else header).append(comment)
+            continue
+        if key is None:  # a list item or a continued value
+            above = []
+            continue
+        indent, name = len(key.group(1)), key.group(2).strip()
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        dotted = ".".join([p for _, p in parents] + [name])
+        comments[dotted] = " ".join(above + ([comment] if comment else []))
+        above = []
+        parents.append((indent, name))
+    return header, comments
+
+
+def _split_comment(line: str) -> tuple[str, str | None]:
+    """(the YAML before a `#` comment, the comment's text or None); a `#` inside quotes is not a comment."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i], line[i + 1:].strip()
+    return line, None

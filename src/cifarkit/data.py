@@ -1,7 +1,7 @@
 """CIFAR-10: find, download, import, verify and cache it; split it; augment it in batches on the training device.
 
-The decoded set is cached as uint8 tensors in one safetensors file (60,000 x 3,072 bytes of pixels), which loads in well under a
-second, so no run ever decodes the pickles twice. Images are kept as N x 3 x 32 x 32 uint8, the pickles' own order.
+The decoded set is cached as uint8 tensors in one safetensors file (60,000 x 3,072 bytes of pixels), which loads in
+well under a second, so no run ever decodes the pickles twice. Images are kept as N x 3 x 32 x 32 uint8, the pickles' own order.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import shutil
 import tarfile
 import tempfile
@@ -38,6 +39,8 @@ TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 BATCH_SIZE_IN_FILE = 10_000
 CACHE_NAME = "cifar10.safetensors"
+# Two letters at least, so that a Windows drive (C:/) is not taken for one; pathlib turns "//" into "/".
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
 @dataclass
@@ -148,8 +151,26 @@ def source_key(path: Path) -> str:
     return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
+def source_name(source: str) -> str:
+    """A cache's source as people know it: the archive or folder it was imported from, without source_key's size
+    and mtime, or the official download."""
+    path, *fingerprint = source.rsplit("|", 2)
+    if len(fingerprint) != 2:  # not a source_key: a description written by whoever made the cache
+        return source
+    if Path(path) == (home() / "downloads" / ARCHIVE_NAME).resolve():
+        return f"the official archive, downloaded from {OFFICIAL_URL}"
+    return path
+
+
+def _refuse_url(value: str, shown_as: str, way_out: str) -> None:
+    if URL.match(value):
+        raise CifarkitError(f"{shown_as} is a URL; cifarkit reads CIFAR-10 from local files only: {way_out}")
+
+
 def import_data(path: str | Path) -> Cifar10:
     """Decode and verify an archive or folder, then cache it. The cache is replaced only once the new one is whole."""
+    _refuse_url(str(path), str(path), "download the archive, then run `cifarkit data import FILE` (with no data "
+                                      "set up at all, cifarkit downloads the official archive itself)")
     path = Path(path).expanduser()
     if not path.exists():
         raise CifarkitError(f"{path}: no such file or folder; give the path of cifar-10-python.tar.gz or its folder")
@@ -198,7 +219,7 @@ def load_cache(path: Path | None = None) -> Cifar10:
         tensors = load_file(str(path))
     except Exception as e:
         raise CifarkitError(f"cache {path} is unreadable ({e}); delete it and run `cifarkit data import PATH`") from e
-    return _from_tensors(tensors, meta.get("sha256", ""), meta.get("source", str(path)))
+    return _from_tensors(tensors, meta.get("sha256", ""), source_name(meta.get("source", str(path))))
 
 
 def download(target_dir: Path) -> Path:
@@ -221,6 +242,8 @@ def load() -> Cifar10:
     """CIFAR-10 from CIFARKIT_DATA, else the cache under CIFARKIT_HOME, else a verified download."""
     env = os.environ.get("CIFARKIT_DATA")
     if env:
+        _refuse_url(env, f"CIFARKIT_DATA={env}", "download the archive and set CIFARKIT_DATA to its path, or unset "
+                                                 "it (cifarkit then downloads the official archive itself)")
         source = Path(env).expanduser()
         if not source.exists():
             raise CifarkitError(f"CIFARKIT_DATA={env} does not exist; point it at cifar-10-python.tar.gz or unset it")

@@ -56,9 +56,17 @@ def pick_precision(preference: str, device: torch.device) -> Precision:
         return PRECISIONS["fp32"]
     if preference not in PRECISIONS:
         raise CifarkitError(f"unknown precision {preference!r}; choose from auto, fp32, bf16, fp16")
-    if preference == "fp16" and device.type == "cpu":
-        raise CifarkitError("fp16 autocast is not supported for training on the CPU; use --precision bf16 or fp32")
+    problem = precision_problem(preference, device)
+    if problem:
+        raise CifarkitError(f"{problem}; use --precision bf16 or fp32")
     return PRECISIONS[preference]
+
+
+def precision_problem(name: str, device: torch.device) -> str | None:
+    """Why precision `name` cannot train on `device`, or None; each command adds the way out its options offer."""
+    if name == "fp16" and device.type == "cpu":
+        return "fp16 autocast is not supported for training on the CPU"
+    return None
 
 
 def autocast(device: torch.device, precision: Precision):
@@ -113,16 +121,26 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cudnn_text(version: int | None) -> str:
+    """torch's cuDNN version number as people write it: 90100 -> 9.1.0 (cuDNN 9), 8902 -> 8.9.2 (cuDNN 8)."""
+    if version is None:
+        return "none"
+    if version >= 90000:
+        return f"{version // 10000}.{version % 10000 // 100}.{version % 100}"
+    return f"{version // 1000}.{version % 1000 // 100}.{version % 100}"
+
+
 def describe(info: dict) -> list[str]:
     """The report as short human-readable lines."""
     lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
              f"CPU: {info['processor']}, {info['threads']} threads, {info['memory_gib']} GiB RAM, native bf16: {'yes' if info['cpu_bf16'] else 'no'}"]
+    cudnn = cudnn_text(info["cudnn_version"])
     if info["gpus"]:
         gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in info["gpus"])
-        lines.append(f"CUDA {info['cuda_version']}, cuDNN {info['cudnn_version']} "
+        lines.append(f"CUDA {info['cuda_version']}, cuDNN {cudnn} "
                      f"(enabled: {info['cudnn_enabled']}), {len(info['gpus'])} GPU(s): {gpus}")
     else:
-        lines.append(f"CUDA: none available (torch built with CUDA {info['cuda_version']}); "
+        lines.append(f"CUDA: none available (torch built with CUDA {info['cuda_version']}, cuDNN {cudnn}); "
                      f"MPS: {'yes' if info['mps_available'] else 'no'}")
     if "device" in info:
         lines.append(f"device: {info['device']}")

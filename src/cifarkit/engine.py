@@ -19,7 +19,12 @@ DIVERGENCE_CHECK_EVERY = 20  # steps; each check syncs with the device, so not e
 
 
 class DivergenceError(CifarkitError):
-    pass
+    """The loss became NaN/inf; `where` says when, `kept` what survives of the run."""
+
+    def __init__(self, step: int, where: str = "this epoch", kept: str = ""):
+        super().__init__(f"training diverged: the loss became NaN/inf by step {step} of {where}; lower the learning "
+                         f"rate (--lr) or set train.grad_clip" + (f"; {kept}" if kept else ""))
+        self.step = step
 
 
 @dataclass
@@ -72,31 +77,32 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
     start = time.perf_counter()
-    # disable=None hides the bar when stderr is not a terminal (CI logs, pipes).
-    bar = tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True, disable=None, leave=False)
-    for step, (inputs, labels) in enumerate(batches, 1):
-        with autocast(device, precision):
-            logits = state.forward(inputs)
-            loss = loss_fn(logits.float(), labels, inputs)
-        state.optimizer.zero_grad(set_to_none=True)
-        state.scaler.scale(loss).backward()
-        if grad_clip is not None:
-            state.scaler.unscale_(state.optimizer)
-            nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        state.scheduler.step()
-        if state.ema is not None:
-            state.ema.update_parameters(state.model)
-        if state.lookahead is not None:
-            state.lookahead.step(state.model)
-        loss_sum += loss.detach() * len(labels)
-        correct += (logits.argmax(1) == labels).sum()
-        seen += len(labels)
-        bar.update(len(labels))
-        if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
-            _check_finite(loss_sum, step)
-    bar.close()
+    # disable=None hides the bar when stderr is not a terminal (CI logs, pipes). Closed on the way out of an error or
+    # a Ctrl-C too, so the one-line message that follows starts on a line of its own.
+    with tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True, disable=None,
+              leave=False) as bar:
+        for step, (inputs, labels) in enumerate(batches, 1):
+            with autocast(device, precision):
+                logits = state.forward(inputs)
+                loss = loss_fn(logits.float(), labels, inputs)
+            state.optimizer.zero_grad(set_to_none=True)
+            state.scaler.scale(loss).backward()
+            if grad_clip is not None:
+                state.scaler.unscale_(state.optimizer)
+                nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+            state.scheduler.step()
+            if state.ema is not None:
+                state.ema.update_parameters(state.model)
+            if state.lookahead is not None:
+                state.lookahead.step(state.model)
+            loss_sum += loss.detach() * len(labels)
+            correct += (logits.argmax(1) == labels).sum()
+            seen += len(labels)
+            bar.update(len(labels))
+            if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
+                _check_finite(loss_sum, step)
     seconds = time.perf_counter() - start
     return {"train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen,
             "epoch_time_s": seconds, "images_per_s": seen / seconds}
@@ -104,8 +110,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
 
 def _check_finite(loss_sum: torch.Tensor, step: int) -> None:
     if not torch.isfinite(loss_sum):
-        raise DivergenceError(f"training diverged: the loss became NaN/inf by step {step} of this epoch; lower the "
-                              f"learning rate (--lr) or set train.grad_clip; the last good checkpoint is kept")
+        raise DivergenceError(step)
 
 
 def tta_views(x: torch.Tensor, tta: bool) -> list[tuple[float, torch.Tensor]]:
@@ -122,18 +127,23 @@ def tta_views(x: torch.Tensor, tta: bool) -> list[tuple[float, torch.Tensor]]:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean, std, device: torch.device,
-             precision: Precision, batch_size: int = 1000, channels_last: bool = True, tta: bool = False) -> dict:
-    """Loss, accuracy and the predicted class of every image, on uint8 images held anywhere."""
+             precision: Precision, batch_size: int = 1000, channels_last: bool = True, tta: bool = False,
+             progress: str | None = None) -> dict:
+    """Loss, accuracy and the predicted class of every image, on uint8 images held anywhere. `progress` names a
+    progress bar, shown on a terminal only."""
     model.eval()
     loss_sum, predictions = 0.0, []
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    for x, y in eval_batches(images, labels, batch_size):
-        x = normalize(x.to(device, non_blocking=True), mean, std).contiguous(memory_format=memory_format)
-        y = y.to(device, non_blocking=True)
-        with autocast(device, precision):
-            logits = sum(weight * model(view).float() for weight, view in tta_views(x, tta))
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        predictions.append(logits.argmax(1).cpu())
+    with tqdm(total=len(labels), desc=progress, unit="img", unit_scale=True, leave=False,
+              disable=None if progress else True) as bar:
+        for x, y in eval_batches(images, labels, batch_size):
+            x = normalize(x.to(device, non_blocking=True), mean, std).contiguous(memory_format=memory_format)
+            y = y.to(device, non_blocking=True)
+            with autocast(device, precision):
+                logits = sum(weight * model(view).float() for weight, view in tta_views(x, tta))
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+            predictions.append(logits.argmax(1).cpu())
+            bar.update(len(y))
     predictions = torch.cat(predictions)
     return {"loss": loss_sum / len(labels), "acc": (predictions == labels.cpu()).float().mean().item(),
             "predictions": predictions}

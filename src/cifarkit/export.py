@@ -7,6 +7,8 @@ sha256 and the sha256 of the weights it was made from, so a stale or swapped art
 from __future__ import annotations
 
 import logging
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,9 @@ import torch
 from cifarkit import checkpoint, data, preprocess
 from cifarkit.errors import CifarkitError
 from cifarkit.files import atomic_path, write_json
-from cifarkit.inference import METRICS_NAME, WEIGHTS_NAME, read_metrics, weights_sha256
+from cifarkit.inference import METRICS_NAME, WEIGHTS_NAME, read_metrics, release_dir, weights_sha256
+
+log = logging.getLogger(__name__)
 
 FILES = {"onnx": "model.onnx", "exported": "model.pt2", "torchscript": "model.torchscript.pt"}
 PARITY_IMAGES = 512
@@ -86,28 +90,53 @@ def record(fmt: str, path: Path, weights_sha: str) -> dict:
             "sha256": data.file_digest(path, "sha256"), "weights_sha256": weights_sha, "torch": str(torch.__version__)}
 
 
-def export(release: Path, fmt: str) -> dict:
+def export(release: str | Path, fmt: str) -> dict:
+    """Write the `fmt` artifact into a release (a version name or a release folder), checked and recorded."""
     if fmt not in FILES:
         raise CifarkitError(f"unknown export format {fmt!r}; choose from {', '.join(FILES)}")
-    release = Path(release)
-    metrics = read_metrics(release)
+    release = release_dir(release, accepts="a release folder")
+    # The artifact is recorded in the release's metrics.json, so a run folder or a bare weights file will not do.
+    metrics = read_metrics(release) if release.is_dir() else None
+    if metrics is None:
+        raise CifarkitError(f"{release} is not a release folder (no {METRICS_NAME}); make one with `cifarkit release "
+                            f"RUN_DIR --name NAME` and export that")
     weights_sha = weights_sha256(release / WEIGHTS_NAME, metrics)  # never export (and bless) damaged weights
     model, meta = checkpoint.load_weights(release)
     target = release / FILES[fmt]
     writer = {"onnx": write_onnx, "exported": _write_exported, "torchscript": _write_torchscript}[fmt]
-    with atomic_path(target) as tmp:
+    images = parity_images(PARITY_IMAGES, meta["mean"], meta["std"])
+    log.info("exporting %s as %s and checking it against PyTorch on %d test images...", release, fmt, len(images))
+    with atomic_path(target) as tmp, _torchscript_deprecation():
         writer(model, tmp)
-        check = parity(model, run_artifact(fmt, tmp), parity_images(PARITY_IMAGES, meta["mean"], meta["std"]))
+        check = parity(model, run_artifact(fmt, tmp), images)
         if check["max_abs_logit_diff"] > MAX_ABS_DIFF or check["top1_agreement"] < MIN_TOP1_AGREEMENT:
             raise CifarkitError(f"{fmt} export failed its parity check ({_describe(check)}); nothing was written")
     report = {**record(fmt, target, weights_sha), **check,
               "limits": {"max_abs_logit_diff": MAX_ABS_DIFF, "top1_agreement": MIN_TOP1_AGREEMENT}}
-    if metrics is not None:
-        metrics.setdefault("exports", {})[fmt] = report
-        if "files" in metrics:  # releases written before the manifest existed have none to update
-            metrics["files"][target.name] = report["sha256"]
-        write_json(release / METRICS_NAME, metrics)
+    metrics.setdefault("exports", {})[fmt] = report
+    if "files" in metrics:  # releases written before the manifest existed have none to update
+        metrics["files"][target.name] = report["sha256"]
+    write_json(release / METRICS_NAME, metrics)
     return report
+
+
+@contextmanager
+def _torchscript_deprecation():
+    """torch warns that TorchScript is deprecated at each of jit.trace, trace_method, save and load, in words about
+    its own functions: say it once, in ours, and pass any other warning on."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # also resets the "once" registries: every export says it
+            yield
+    finally:  # outside catch_warnings, where showwarning shows again instead of recording
+        deprecated = [w for w in caught if issubclass(w.category, FutureWarning) and "torch.jit" in str(w.message)]
+        if deprecated:
+            log.warning("TorchScript is deprecated in the installed torch %s; prefer --format exported "
+                        "(torch.export)", torch.__version__)
+        for w in caught:
+            if w not in deprecated:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _describe(check: dict) -> str:

@@ -12,6 +12,9 @@ predictions agree with fp32's on >= 99.9% of the test images.
 
 A release is used only as it was written: its weights, and its model.onnx, must have the sha256s its metrics.json
 records, or loading stops with the file and both hashes named (verify=False, or `predict --no-verify`, skips that).
+
+Every command and the API name a release the same way (`release_dir`): a path as it is, else a version name, looked
+up as ./cifar10_models/version_NAME (where `cifarkit release` writes) and then among the shipped releases.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from contextlib import suppress
 from pathlib import Path
 
@@ -35,19 +39,48 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("torch-fp32", "torch-bf16", "onnxruntime")
 SHIPPED = Path(__file__).resolve().parent / "pretrained"  # the releases that ship with the package
+MODELS = Path("cifar10_models")  # where `cifarkit release` writes them, relative to the working folder
 DEFAULT_VERSION = "A"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 WEIGHTS_NAME = "model.safetensors"
 METRICS_NAME = "metrics.json"
 ONNX_NAME = "model.onnx"
 UNVERIFIED = "load it unverified with verify=False (cifarkit predict --no-verify)"
 
 
-def release_dir(name_or_path: str | Path, root: str | Path | None = None) -> Path:
-    """'A' -> <root or the shipped releases>/version_A; anything else is a path."""
-    text = str(name_or_path)
-    if Path(text).exists() or "/" in text or text.endswith(".safetensors"):
+def release_dir(name_or_path: str | Path, root: str | Path | None = None,
+                accepts: str = "a release folder, a run folder or a .safetensors file") -> Path:
+    """Where the release (or weights) a user named is, the same for every command and the API: an existing path as
+    it is; else a version name, looked up as <root>/version_NAME (root: ./cifar10_models), then among the shipped
+    releases. Otherwise an error that says where it looked, which names exist and (`accepts`) what else to give."""
+    text, root = str(name_or_path), Path(root or MODELS)
+    restore_replaced(Path(text))
+    if Path(text).exists():
         return Path(text)
-    return Path(root or SHIPPED) / f"version_{text}"
+    places = {root: f"in {root}", SHIPPED: "shipped"}  # one entry where root is the shipped folder itself
+    where = text
+    if NAME_PATTERN.fullmatch(text) and not text.endswith(".safetensors"):
+        for folder in places:
+            candidate = folder / f"version_{text}"
+            restore_replaced(candidate)
+            if candidate.is_dir():
+                # The same name may exist in both places: say which one this command uses.
+                log.info("version %s: %s", text, "the shipped release" if folder == SHIPPED else candidate)
+                return candidate
+        where = f"{text}, {root / f'version_{text}'} or the shipped version_{text}"
+    found = "; ".join(f"{', '.join(names)} ({label})" for folder, label in places.items()
+                      if (names := _versions(folder)))
+    raise CifarkitError(f"no weights at {where}; give a version name (found: {found or 'none'}) or {accepts}")
+
+
+def _versions(folder: Path) -> dict[str, Path]:
+    return {p.name.removeprefix("version_"): p for p in sorted(folder.glob("version_*")) if p.is_dir()}
+
+
+def known_releases(root: str | Path | None = None) -> dict[str, Path]:
+    """name -> folder of every release a version name reaches (see `release_dir`), sorted by name."""
+    found = {**_versions(SHIPPED), **_versions(Path(root or MODELS))}  # the user's shadow shipped ones of that name
+    return dict(sorted(found.items()))
 
 
 def replaced_path(target: Path) -> Path:
@@ -111,17 +144,14 @@ class Classifier:
 
     @classmethod
     def load(cls, path: str | Path, backend: str = "auto", device: str = "cpu", verify: bool = True) -> "Classifier":
-        """A release folder, a run folder or a .safetensors file written by cifarkit.
+        """A version name ("A", or "C" for ./cifar10_models/version_C), a release folder, a run folder or a
+        .safetensors file written by cifarkit (see `release_dir`).
 
         A release's weights, and the model.onnx it may hold, are used only if their sha256s are the ones its
         metrics.json records (checked before anything is loaded); verify=False skips that check. Weights without a
         metrics.json load unverified, with a warning, and `auto` means torch-fp32 for them.
         """
-        path = Path(path)
-        restore_replaced(path)
-        if not path.exists():
-            raise CifarkitError(f"no release or weights at {path}; give a release folder (cifarkit release) or "
-                                f"a .safetensors file")
+        path = release_dir(path)
         folder, weights = (path, path / WEIGHTS_NAME) if path.is_dir() else (path.parent, path)
         # metrics.json describes its folder's model.safetensors and nothing else
         info = read_metrics(folder) if weights == folder / WEIGHTS_NAME else None
@@ -143,8 +173,7 @@ class Classifier:
         """A release shipped inside the package (no download): version A by default."""
         folder = SHIPPED / f"version_{version}"
         if not folder.is_dir():
-            shipped = sorted(p.name.removeprefix("version_") for p in SHIPPED.glob("version_*"))
-            raise CifarkitError(f"no shipped release {version!r}; shipped: {', '.join(shipped) or 'none'}")
+            raise CifarkitError(f"no shipped release {version!r}; shipped: {', '.join(_versions(SHIPPED)) or 'none'}")
         return cls.load(folder, backend=backend, verify=verify)
 
     def logits(self, pixels: np.ndarray) -> torch.Tensor:
@@ -213,6 +242,7 @@ def _cached_onnx(model: torch.nn.Module, weights_sha: str) -> Path | bytes:
         log.warning("the cached ONNX model %s is damaged or unreadable; exporting it again", path)
         with suppress(OSError):
             path.unlink()
+    log.info("exporting the ONNX model once into the cache %s (later loads reuse it)...", folder)
     serialized = export.onnx_bytes(model)
     path = folder / f"{key}.{hashlib.sha256(serialized).hexdigest()[:16]}.onnx"
     try:
@@ -225,9 +255,11 @@ def _cached_onnx(model: torch.nn.Module, weights_sha: str) -> Path | bytes:
 
 class CIFAR10Classifier(Classifier):
     """The seed's interface: CIFAR10Classifier(version='A').predict(image) -> class index. `root` is the folder of
-    version_* releases: the shipped ones by default, `cifar10_models` where the seed kept its own."""
+    the user's version_* releases (./cifar10_models, where the seed kept them, by default); a version it lacks is
+    taken from the shipped releases, as `cifarkit predict --model NAME` does."""
 
-    def __init__(self, version: str = DEFAULT_VERSION, root: str | Path = SHIPPED, backend: str = "auto",
+    def __init__(self, version: str = DEFAULT_VERSION, root: str | Path | None = None, backend: str = "auto",
                  verify: bool = True):
-        loaded = Classifier.load(Path(root) / f"version_{version}", backend=backend, verify=verify)
+        loaded = Classifier.load(release_dir(version, root, accepts="a release folder"), backend=backend,
+                                 verify=verify)
         self.__dict__.update(loaded.__dict__)

@@ -1,6 +1,11 @@
-"""Figures: training curves, a labelled sample grid, a confusion matrix. Files are written atomically."""
+"""Figures: training curves, a labelled sample grid, a confusion matrix, speed-run and release charts.
+
+Each function writes its file atomically, in the format its suffix names (FORMATS), and returns the figure (closed)
+so its axes can be inspected.
+"""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -8,17 +13,36 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window: runs happen on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from cifarkit.errors import CifarkitError  # noqa: E402
 from cifarkit.files import atomic_path  # noqa: E402
 
-
-def _save(fig, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".svg": "svg"}  # suffix -> matplotlib's
 
 
-def curves(records: list[dict], path: Path) -> None:
+def figure_format(path: Path) -> str:
+    """The format a figure file's suffix names; a CifarkitError for any other suffix, which would otherwise get a
+    file whose contents do not match its name."""
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise CifarkitError(f"cannot write a figure to {path}: name a file ending in {', '.join(FORMATS)}")
+    return fmt
+
+
+def _save(fig: Figure, path: Path) -> Figure:
+    try:
+        fmt = figure_format(path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return fig
+
+
+def curves(records: list[dict], path: Path) -> Figure:
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for split in ("train", "val", "test"):
         points = [(r["epoch"], r[f"{split}_loss"], r[f"{split}_acc"]) for r in records
@@ -30,12 +54,13 @@ def curves(records: list[dict], path: Path) -> None:
     ax_loss.set(xlabel="epoch", ylabel="loss", title="Loss")
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy")
     for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole: no tick at epoch 1.5
         ax.grid(alpha=0.3)
         ax.legend()
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def sample_grid(images: torch.Tensor, labels: torch.Tensor, classes, path: Path, columns: int = 8) -> None:
+def sample_grid(images: torch.Tensor, labels: torch.Tensor, classes, path: Path, columns: int = 8) -> Figure:
     """images: N x 3 x 32 x 32 uint8."""
     rows = (len(images) + columns - 1) // columns
     fig, axes = plt.subplots(rows, columns, figsize=(columns * 1.3, rows * 1.45))
@@ -44,10 +69,10 @@ def sample_grid(images: torch.Tensor, labels: torch.Tensor, classes, path: Path,
     for ax, image, label in zip(axes.flat, images, labels):
         ax.imshow(image.permute(1, 2, 0).numpy(), interpolation="nearest")
         ax.set_title(classes[int(label)], fontsize=8)
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def confusion(matrix: torch.Tensor, classes, path: Path, title: str) -> None:
+def confusion(matrix: torch.Tensor, classes, path: Path, title: str) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 6))
     ax.imshow(matrix.numpy(), cmap="Blues")
     ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
@@ -58,34 +83,51 @@ def confusion(matrix: torch.Tensor, classes, path: Path, title: str) -> None:
         for j in range(len(classes)):
             value = matrix[i, j].item()
             ax.text(j, i, value, ha="center", va="center", fontsize=7, color="white" if value > peak / 2 else "black")
-    _save(fig, path)
+    return _save(fig, path)
 
 
-def accuracy_vs_time(runs: list[dict], target: float, path: Path, title: str) -> None:
-    """Test accuracy after each epoch against wall-clock minutes, one line per seed; the final (TTA) score is a dot."""
+def accuracy_vs_time(runs: list[dict], target: float, path: Path, title: str, overrides=(),
+                     final_tta: bool = False) -> Figure:
+    """Test accuracy after each epoch against wall-clock minutes, one line per seed, and each run's final score as
+    a dot. With `final_tta` the last epoch's evaluation is the final one, with TTA (train.py): it is drawn as the dot
+    only, joined by a dotted step, because that step adds TTA to an epoch's learning and is not like the single-view
+    steps before it. `overrides`, the --set values the runs shared, are printed under the title."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:
-        line, = ax.plot([p["elapsed_s"] / 60 for p in run["curve"]], [100 * p["test_acc"] for p in run["curve"]],
-                        marker=".", alpha=0.7, label=f"seed {run['seed']}")
-        ax.plot(run["wall_time_s"] / 60, 100 * run["test_acc"], "o", color=line.get_color())
+        single_view = run["curve"][:-1] if final_tta else run["curve"]
+        minutes = [p["elapsed_s"] / 60 for p in single_view]
+        accuracies = [100 * p["test_acc"] for p in single_view]
+        line, = ax.plot(minutes, accuracies, marker=".", alpha=0.7, label=f"seed {run['seed']}")
+        final = (run["wall_time_s"] / 60, 100 * run["test_acc"])
+        if single_view:
+            ax.plot([minutes[-1], final[0]], [accuracies[-1], final[1]], ":", color=line.get_color(), alpha=0.7)
+        ax.plot(*final, "o", color=line.get_color())
+    final_label = "final score, with TTA (mirror + 1-pixel shifts)" if final_tta else "final score (single view)"
+    marker = Line2D([], [], marker="o", linestyle="none", color="dimgray", label=final_label)
     ax.axhline(100 * target, color="black", linestyle="--", linewidth=1, label=f"target {100 * target:.1f}%")
-    ax.set(xlabel="wall clock (min)", ylabel="test accuracy (%)", title=title)
+    setting = textwrap.fill("--set " + " ".join(overrides), 90) if overrides else "no overrides"
+    ax.set(xlabel="wall clock (min)", ylabel="test accuracy (%), single view per epoch", title=f"{title}\n{setting}")
+    ax.set_xlim(left=0)
     lowest = min([100 * p["test_acc"] for r in runs for p in r["curve"]] + [100 * target])
     ax.set_ylim(max(lowest - 2, 0), 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    _save(fig, path)
+    ax.legend(handles=[*ax.get_legend_handles_labels()[0], marker], fontsize=8)
+    return _save(fig, path)
 
 
-def release_comparison(releases: list[dict], path: Path) -> None:
-    """Test accuracy and batch-256 inference speed of each release, side by side."""
+def release_comparison(releases: list[dict], path: Path) -> Figure:
+    """Test accuracy and batch-256 inference speed of each release, side by side, each bar labelled with its value.
+    The accuracy axis starts at 0: a one-point gap looks like one point."""
     names = [f"{m['release']}\n{m['model']}" for m in releases]
+    accuracies = [100 * m["test_acc"] for m in releases]
+    speeds = [m["inference"]["images_per_s_batch256"] for m in releases]
     fig, (acc_ax, speed_ax) = plt.subplots(1, 2, figsize=(9, 3.8))
-    acc_ax.bar(names, [100 * m["test_acc"] for m in releases], color="tab:blue")
-    acc_ax.set(ylabel="test accuracy (%)", title="accuracy (single view)")
-    acc_ax.set_ylim(min(100 * m["test_acc"] for m in releases) - 5, 100)
-    speed_ax.bar(names, [m["inference"]["images_per_s_batch256"] for m in releases], color="tab:orange")
+    acc_ax.bar_label(acc_ax.bar(names, accuracies, color="tab:blue"), [f"{a:.2f}%" for a in accuracies], padding=2)
+    # 0 to 100 in ticks; the axis runs a little past 100 so a label on a bar near the top stays inside the frame
+    acc_ax.set(ylabel="test accuracy (%)", title="accuracy (single view)", ylim=(0, 108), yticks=range(0, 101, 20))
+    speed_ax.bar_label(speed_ax.bar(names, speeds, color="tab:orange"), [f"{v:,.0f}" for v in speeds], padding=2)
     speed_ax.set(ylabel="img/s", title="inference, batch 256")
+    speed_ax.set_ylim(0, 1.12 * max(speeds))  # headroom for the tallest bar's label
     for ax in (acc_ax, speed_ax):
         ax.grid(axis="y", alpha=0.3)
-    _save(fig, path)
+    return _save(fig, path)

@@ -16,10 +16,12 @@ import ctypes
 import errno
 import inspect
 import json
+import logging
 import os
 import re
 import shutil
 import sys
+from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,14 +30,15 @@ import torch
 import yaml
 
 from cifarkit import benchmark, checkpoint, data, device, export, models, plots, preprocess
+from cifarkit.config import flatten, load_recipe, recipe_from_dict, to_dict
 from cifarkit.engine import evaluate, per_class_accuracy
 from cifarkit.errors import CifarkitError
 from cifarkit.files import (FOLDER_MODE, fsync_folder, fsync_tree, portable, remove_stale_temps, temp_name,
                             write_json, write_text)
-from cifarkit.inference import (BACKENDS, METRICS_NAME, ONNX_NAME, WEIGHTS_NAME, Classifier, read_metrics,
-                                replaced_path, restore_replaced)
+from cifarkit.inference import (BACKENDS, METRICS_NAME, NAME_PATTERN, ONNX_NAME, WEIGHTS_NAME, Classifier,
+                                known_releases, read_metrics, replaced_path, restore_replaced)
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+log = logging.getLogger(__name__)
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 INFERENCE_ROUNDS = 5  # interleaved rounds per backend and batch size; the median is kept
 SECONDS_PER_SAMPLE = 0.5  # long enough for ~20 batches of 256 on 2 cores
@@ -43,6 +46,7 @@ SECONDS_PER_SAMPLE = 0.5  # long enough for ~20 batches of 256 on 2 cores
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
 UNRECORDED = ("__pycache__",)  # written by `from preprocess import preprocess` run inside the release folder
+SET_PER_SPEEDRUN_RUN = ("train.seed", "train.eval_every")  # differ between a speedrun's runs, by design
 
 
 def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weights_dtype: str = "fp32",
@@ -53,10 +57,13 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
     for needed in ("summary.json", "config.yaml", "model.safetensors"):
         if not (run_dir / needed).is_file():
             raise CifarkitError(f"{run_dir} has no {needed}: give the folder of a finished `cifarkit train` run")
+    run_config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    spread = _speedrun_stats(speedrun, run_config) if speedrun else None  # before anything is measured or written
     target = root / f"version_{name}"
     restore_replaced(target)
     if target.exists() and not force:
         raise CifarkitError(f"{target} already exists; pass --force to replace it, or choose another --name")
+    new_root = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
     # What killed releases left: staging folders, and a parked old release whose replacement did finish.
     remove_stale_temps(root, target.name)
@@ -64,12 +71,15 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
     tmp = root / temp_name(target.name)
     tmp.mkdir()
     try:
-        _assemble(tmp, run_dir, name, weights_dtype, speedrun, keep_onnx)
+        _assemble(tmp, run_dir, run_config, name, weights_dtype, spread, keep_onnx)
         os.chmod(tmp, FOLDER_MODE)
         fsync_tree(tmp)
         _swap_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if new_root and not target.exists():  # a failed first release leaves no empty folder behind
+            with suppress(OSError):
+                root.rmdir()
     return target
 
 
@@ -106,10 +116,9 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedrun: Path | None,
-              keep_onnx: bool) -> None:
+def _assemble(folder: Path, run_dir: Path, run_config: dict, name: str, weights_dtype: str,
+              spread: dict | None, keep_onnx: bool) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
-    run_config = yaml.safe_load((run_dir / "config.yaml").read_text())
     model, meta = checkpoint.load_weights(run_dir)
     mean, std = meta["mean"], meta["std"]
     weights_path = folder / WEIGHTS_NAME
@@ -119,9 +128,11 @@ def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedr
     write_text(folder / "preprocess.py", _standalone_preprocess(mean, std))
     dataset = data.load()
     cpu = torch.device("cpu")
+    log.info("measuring test accuracy (%s images, fp32, single view and with TTA)...", f"{len(dataset.test_y):,}")
     plain = evaluate(model, dataset.test_x, dataset.test_y, mean, std, cpu, device.PRECISIONS["fp32"])
     tta = evaluate(model, dataset.test_x, dataset.test_y, mean, std, cpu, device.PRECISIONS["fp32"], tta=True)
     onnx_path = folder / ONNX_NAME
+    log.info("exporting the ONNX model for the onnxruntime measurement...")
     export.write_onnx(model, onnx_path)
     inference = _measure_inference(model, mean, std, onnx_path, dataset, plain["predictions"])
     weights_sha = data.file_digest(weights_path, "sha256")
@@ -133,9 +144,10 @@ def _assemble(folder: Path, run_dir: Path, name: str, weights_dtype: str, speedr
         "test_images": len(dataset.test_y),
         "test_acc_evaluation": "single view, fp32, no TTA: exactly what Classifier.predict computes",
         "test_acc_tta": tta["acc"],
-        "speedrun": _speedrun_stats(speedrun, summary["recipe"]) if speedrun else None,
-        "training": {k: summary.get(k) for k in ("wall_time_s", "train_time_s", "device", "precision", "epochs",
-                                                   "seed", "test_acc")},
+        "speedrun": spread,
+        "training": {**{k: summary.get(k) for k in ("wall_time_s", "train_time_s", "device", "precision", "epochs",
+                                                     "seed", "test_acc")},
+                     "train_images": run_config["run"]["train_images"]},
         "params": models.count_params(model), "macs": models.count_macs(model),
         "weights_dtype": weights_dtype, "weights_bytes": weights_path.stat().st_size,
         "inference": inference,
@@ -178,7 +190,7 @@ def check(folder: Path) -> list[tuple[str, str, str]]:
     recorded export must have been made from these weights. Files the manifest does not list are warnings."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise CifarkitError(f"no release at {folder}; give a shipped version (A, B) or a release folder")
+        raise CifarkitError(f"{folder} is not a release folder; give a version name or a release folder")
     try:
         metrics = read_metrics(folder)
     except CifarkitError as e:
@@ -240,20 +252,37 @@ def _standalone_preprocess(mean, std) -> str:
     return re.sub(r"^STD = .*$", f"STD = {tuple(std)!r}", source, count=1, flags=re.M)
 
 
-def _speedrun_stats(path: Path, recipe: str) -> dict:
-    report = json.loads(Path(path).read_text())
-    if Path(report["recipe"]).stem != recipe:
-        raise CifarkitError(f"{path} is a speedrun of {report['recipe']!r}, not of this run's recipe {recipe!r}")
-    acc = report["accuracy"]
-    return {"n": acc["n"], "mean": acc["mean"], "std": acc["std"], "ci95": acc["ci95"],
-            "wall_time_s_mean": report["wall_time_s"]["mean"], "evaluation": "with the recipe's TTA",
-            "file": portable(path)}
+def _speedrun_stats(path: Path, run_config: dict) -> dict:
+    """n, mean and std across seeds from the speedrun report at `path`, refused unless its runs trained this run's
+    resolved recipe: the same recipe and overrides, up to the settings a speedrun gives each of its runs."""
+    try:
+        report = json.loads(Path(path).read_text())
+        theirs = flatten(to_dict(load_recipe(report["recipe"], report.get("overrides", []))))
+        acc = report["accuracy"]
+        stats = {"n": acc["n"], "mean": acc["mean"], "std": acc["std"], "ci95": acc["ci95"],
+                 "wall_time_s_mean": report["wall_time_s"]["mean"]}
+    except (ValueError, KeyError, TypeError, CifarkitError) as e:
+        raise CifarkitError(f"{path} is not a usable speedrun report ({type(e).__name__}: {e}); give the "
+                            f"speedrun.json `cifarkit speedrun` wrote") from None
+    ours = flatten(to_dict(recipe_from_dict({k: v for k, v in run_config.items() if k != "run"})))
+    differences = [f"{key} {theirs.get(key)!r} there, {ours.get(key)!r} in the run"
+                   for key in sorted(theirs.keys() | ours.keys())
+                   if key not in SET_PER_SPEEDRUN_RUN and theirs.get(key) != ours.get(key)]
+    if differences:
+        raise CifarkitError(f"{path} is a speedrun of another recipe than this run's ({'; '.join(differences)}); "
+                            f"give the speedrun of the run's recipe and overrides, or drop --speedrun")
+    tta = run_config["train"]["tta"]
+    return {**stats, "evaluation": "with mirror + 1-pixel-shift TTA, as the recipe evaluates" if tta else
+            "single view, no TTA", "file": portable(path)}
 
 
 def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predictions) -> dict:
     classifiers = {backend: Classifier(model, mean, std, backend=backend, onnx=onnx_path)
                    for backend in BACKENDS}
     pixels = dataset.test_x.permute(0, 2, 3, 1).numpy()
+    log.info("measuring each backend's top-1 agreement with fp32 (%s images) and inference speed (%d backends x 2 "
+             "batch sizes; the median over rounds: %d, of %g s each)...", f"{len(pixels):,}", len(classifiers), INFERENCE_ROUNDS,
+             SECONDS_PER_SAMPLE)
     agreement = {}
     for backend, classifier in classifiers.items():
         predictions = np.concatenate([classifier.logits(pixels[i:i + 1000]).argmax(1).numpy()
@@ -284,7 +313,7 @@ def model_card(metrics: dict, config: dict) -> str:
     spread = ""
     if metrics["speedrun"]:
         s = metrics["speedrun"]
-        spread = (f"\nOver {s['n']} seeds of the same recipe (with TTA): mean {100 * s['mean']:.2f}%"
+        spread = (f"\nOver {s['n']} seeds of the same recipe ({s['evaluation']}): mean {100 * s['mean']:.2f}%"
                   + (f", std {100 * s['std']:.2f}" if s["std"] is not None else "") + ".\n")
     machine = metrics["inference"]["measured_on"]
     return f"""# CIFAR-10 classifier, release {metrics['release']}
@@ -300,8 +329,9 @@ Written by `cifarkit release` on {metrics['created']}; every number here comes f
 
 ## Training
 Recipe `{metrics['recipe']}`, seed {train['seed']}, {train['epochs']} epochs on {train['device']}
-({train['precision']}): wall time {train['wall_time_s'] / 60:.1f} min. Data: the CIFAR-10 training set (50,000 images),
-content sha256 `{metrics['dataset_sha256']}`. The test set was never used to choose anything.
+({train['precision']}): wall time {train['wall_time_s'] / 60:.1f} min.
+Data: {_training_data(train, config['data'])} of the CIFAR-10 training set (content sha256
+`{metrics['dataset_sha256']}`). The test set was never used to choose anything.
 
 ## Evaluation
 Test accuracy {100 * metrics['test_acc']:.2f}% on the {metrics['test_images']:,} CIFAR-10 test images
@@ -334,14 +364,21 @@ these classes. Accuracy on images unlike CIFAR-10 (drawings, close-ups, other cl
 """
 
 
-def compare(root: Path, figure: Path | None = None) -> str:
-    """The side-by-side markdown table of every release under `root`, and a PNG chart."""
-    root = Path(root)
-    releases = []
-    for folder in sorted(root.glob("version_*")):
-        metrics_path = folder / "metrics.json"
-        if metrics_path.is_file():
-            releases.append(json.loads(metrics_path.read_text()))
+def _training_data(train: dict, data_config: dict) -> str:
+    """'48,000 images (a class-balanced subset; 2,000 more held out for validation)' and the like."""
+    how = ["a class-balanced subset"] if data_config["subset"] else []
+    if data_config["val_split"]:
+        how.append(f"{data_config['val_split']:,} more held out for validation")
+    return f"{train['train_images']:,} images" + (f" ({'; '.join(how)})" if how else "")
+
+
+def compare(root: Path | None, figure: Path | None = None) -> str:
+    """The side-by-side markdown table of every release under `root`, and a PNG chart (default: beside them). With no
+    root, of every release a version name reaches: ./cifar10_models and the shipped ones, as `--model NAME` finds
+    them."""
+    folders = sorted(Path(root).glob("version_*")) if root else list(known_releases().values())
+    releases = [json.loads((folder / METRICS_NAME).read_text()) for folder in folders
+                if (folder / METRICS_NAME).is_file()]
     if not releases:
         raise CifarkitError(f"no releases (version_*/metrics.json) under {root}; write one with `cifarkit release`")
     lines = ["| version | recipe | model | params | test acc | test acc TTA | seeds (mean +- std) | training time | "
@@ -358,5 +395,5 @@ def compare(root: Path, figure: Path | None = None) -> str:
                      f"{m['training']['wall_time_s'] / 60:.1f} min ({m['training']['device']}) | "
                      f"{inf['images_per_s_batch1']:,.0f} | {inf['images_per_s_batch256']:,.0f} | "
                      f"{m['weights_bytes'] / 1e6:.1f} MB |")
-    plots.release_comparison(releases, figure or root / "comparison.png")
+    plots.release_comparison(releases, figure or Path(root or "") / "comparison.png")
     return "\n".join(lines)

@@ -34,18 +34,27 @@ def statistics_against(accuracies: list[float], target: float) -> dict:
         p_value = float(stats.t.sf((mean - target) / sem, n - 1))
     else:  # every run scored the same: the test degenerates to a comparison
         p_value = 0.0 if mean > target else 1.0
-    return {"n": n, "mean": mean, "std": std, "ci95": [mean - half, mean + half], "p_value_mean_above_target": p_value}
+    # An accuracy lies in [0, 1]; a t-interval reaching past it says only that n is too small.
+    low, high = max(mean - half, 0.0), min(mean + half, 1.0)
+    return {"n": n, "mean": mean, "std": std, "ci95": [low, high],
+            "ci95_clipped": (low, high) != (mean - half, mean + half), "p_value_mean_above_target": p_value}
 
 
 def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None, first_seed: int = 0,
         curve: bool = True, overrides: tuple = ()) -> dict:
     out_dir = out_dir or Path("runs") / f"speedrun-{Path(recipe_name).stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    # Every seed's recipe is checked before the first run trains: a bad value fails now, not an hour in.
+    recipes = {seed: load_recipe(recipe_name, list(overrides) + [f"train.seed={seed}"]
+                                 + (["train.eval_every=1"] if curve else []))
+               for seed in range(first_seed, first_seed + runs)}
     results = []
-    for seed in range(first_seed, first_seed + runs):
-        extra = [f"train.seed={seed}"] + (["train.eval_every=1"] if curve else [])
-        recipe = load_recipe(recipe_name, list(overrides) + extra)
+    for seed, recipe in recipes.items():
         run_dir = out_dir / f"seed{seed}"
-        summary = train.run(recipe, out=run_dir)
+        try:
+            summary = train.run(recipe, out=run_dir)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"interrupted in the run of seed {seed}; a speed run's times cannot be "
+                                    f"resumed: start the speed run again with another --out") from None
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         results.append({
             "seed": seed, "test_acc": summary["test_acc"], "wall_time_s": summary["wall_time_s"],
@@ -64,7 +73,8 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
         "environment": device.report(device.pick_device(recipe.train.device)),
         "runs": results,
     }
-    plots.accuracy_vs_time(results, target, out_dir / "speedrun.png", recipe_name)
+    plots.accuracy_vs_time(results, target, out_dir / "speedrun.png", Path(recipe_name).stem, overrides,
+                           final_tta=recipe.train.tta)
     write_json(out_dir / "speedrun.json", report)
     report["out_dir"] = str(out_dir)
     return report
@@ -81,8 +91,10 @@ def table(report: dict) -> str:
         lines.append(f"n = 1: accuracy {100 * acc['mean']:.2f}% (run more seeds for a spread and a test)")
     else:
         low, high = acc["ci95"]
+        clipped = (f" (clipped to [0, 100]%: n = {acc['n']} is too small for a useful interval; run more seeds)"
+                   if acc["ci95_clipped"] else "")
         lines.append(f"n = {acc['n']}: mean {100 * acc['mean']:.2f}% +- {100 * acc['std']:.2f} (std), "
-                     f"95% CI [{100 * low:.2f}, {100 * high:.2f}], one-sided t-test of mean > "
+                     f"95% CI [{100 * low:.2f}, {100 * high:.2f}]{clipped}, one-sided t-test of mean > "
                      f"{100 * report['target']:.2f}%: p = {acc['p_value_mean_above_target']:.3g}")
     wall = report["wall_time_s"]
     lines.append(f"wall time per run: mean {wall['mean']:.1f} s, max {wall['max']:.1f} s")

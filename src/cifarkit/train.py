@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,7 @@ import cifarkit
 from cifarkit import checkpoint, data, models, plots
 from cifarkit.config import Recipe, recipe_from_dict, to_dict
 from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
-from cifarkit.engine import ClassificationLoss, DistillationLoss, TrainState, evaluate, train_one_epoch
+from cifarkit.engine import ClassificationLoss, DistillationLoss, DivergenceError, TrainState, evaluate, train_one_epoch
 from cifarkit.errors import LOG_FORMAT, CifarkitError
 from cifarkit.files import portable, write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
@@ -83,13 +84,26 @@ def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | No
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise CifarkitError(f"{out} already holds a run; continue it with --resume {out} or pick another --out")
     setup = _prepare(recipe)
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    handler = _attach_log_file(out / "train.log")
     try:
-        return _train(recipe, setup, out, resumed, started)
-    finally:
-        log.removeHandler(handler)
-        handler.close()
+        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        if not (out / "config.yaml").exists():  # first thing in the folder: from here on, --resume can continue it
+            write_text(out / "config.yaml",
+                       yaml.safe_dump({**to_dict(recipe), "run": setup.run_info}, sort_keys=False))
+        handler = _attach_log_file(out / "train.log")
+        try:
+            return _train(recipe, setup, out, resumed, started)
+        finally:
+            log.removeHandler(handler)
+            handler.close()
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted(out)) from None
+
+
+def _interrupted(out: Path) -> str:
+    """The line a Ctrl-C leaves: the exact command that continues the run, from any working folder."""
+    if not (out / "config.yaml").exists():
+        return f"interrupted before the run started; delete {out} and start the run again"
+    return f"interrupted; continue this run with `cifarkit train --resume {shlex.quote(str(out.resolve()))}`"
 
 
 def _read_run(out: Path) -> tuple[Recipe, dict | None]:
@@ -118,6 +132,9 @@ def _prepare(recipe: Recipe) -> _Setup:
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     configure(device)
+    if cfg.compile and device.type != "cuda":
+        # torch.compile's toolchain probe warns that CUDA_HOME holds no CUDA runtime: true, and of no concern here.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     dataset = data.load()
     train_idx, val_idx = data.split_train(dataset.train_y, recipe.data.val_split, recipe.data.subset, cfg.seed)
     # Everything lives on the training device from here on: batches are sliced and augmented there, no workers.
@@ -151,12 +168,11 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         start_epoch, elapsed, train_time, best = (resumed["epoch"], resumed["elapsed_s"], resumed["train_time_s"],
                                                   resumed["best"])
         log.info("resuming %s after epoch %d of %d", out, start_epoch, cfg.epochs)
-    elif not (out / "config.yaml").exists():
-        write_text(out / "config.yaml",
-                   yaml.safe_dump({**to_dict(recipe), "run": setup.run_info}, sort_keys=False))
-    log.info("recipe %s: model %s (%s params), %d train / %d val images, batch %d, %d epochs, precision %s",
+    log.info("recipe %s: model %s (%s params), images: %d train / %d val, batch %d, epochs %d, precision %s",
              recipe.name, recipe.model.name, f"{models.count_params(model):,}", len(loader.images), len(val_x),
              cfg.batch_size, cfg.epochs, precision.name)
+    if cfg.compile:
+        log.info("compiling the model with torch.compile: the first step waits for it, often a minute")
 
     from torch.utils.tensorboard import SummaryWriter
     records = _read_metrics(out / "metrics.jsonl", start_epoch)
@@ -164,9 +180,14 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
-            stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size,
-                                    setup.loss_fn, device, precision, cfg.grad_clip,
-                                    description=f"epoch {epoch}/{cfg.epochs}")
+            try:
+                stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size,
+                                        setup.loss_fn, device, precision, cfg.grad_clip,
+                                        description=f"epoch {epoch}/{cfg.epochs}")
+            except DivergenceError as e:
+                kept = (f"the checkpoint of epoch {epoch - 1} is kept in {out / 'checkpoints' / 'last.pt'}"
+                        if epoch > 1 else "no epoch had finished, so there is no checkpoint")
+                raise DivergenceError(e.step, f"epoch {epoch}", kept) from None
             train_time += stats["epoch_time_s"]
             record = {"epoch": epoch, **stats, "lr": optimizer.param_groups[0]["lr"]}
             eval_model = state.ema.module if state.ema is not None else model
@@ -179,7 +200,10 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
                         checkpoint.save_weights(out / "checkpoints" / "best.safetensors", eval_model,
                                                 recipe.model.name, mean, std, epoch=epoch)
                 # TTA (several passes per image) only for the final measurement; progress checks stay cheap.
-                test = evaluate(eval_model, test_x, test_y, tta=cfg.tta and epoch == cfg.epochs, **eval_args)
+                tta = cfg.tta and epoch == cfg.epochs
+                if tta:
+                    log.info("epoch %d trained; measuring the test accuracy with test-time augmentation", epoch)
+                test = evaluate(eval_model, test_x, test_y, tta=tta, progress="TTA" if tta else None, **eval_args)
                 record.update(test_loss=test["loss"], test_acc=test["acc"])
             record["elapsed_s"] = elapsed + time.perf_counter() - started
             records.append(record)
@@ -200,7 +224,9 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         final_model, _ = checkpoint.load_weights(out / "checkpoints" / "best.safetensors")
         final_model = final_model.to(device).to(memory_format=setup.memory_format)
         selected_epoch = best["epoch"]
-        test = evaluate(final_model, test_x, test_y, tta=cfg.tta, **eval_args)
+        log.info("measuring the test accuracy of epoch %d's weights, chosen on validation%s", selected_epoch,
+                 " (with test-time augmentation)" if cfg.tta else "")
+        test = evaluate(final_model, test_x, test_y, tta=cfg.tta, progress="TTA" if cfg.tta else None, **eval_args)
     checkpoint.save_weights(out / "model.safetensors", final_model, recipe.model.name, mean, std,
                             recipe=recipe.name, epoch=selected_epoch)
     summary = {

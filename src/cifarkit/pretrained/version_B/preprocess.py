@@ -35,6 +35,10 @@ MAX_PIXELS = 2**26
 # A JPEG is decoded at the smallest DCT scale that keeps it this many times the output size (or more) on each side,
 # so the final resize still averages several source pixels into each output pixel.
 DRAFT_FACTOR = 4
+# The downscaling filter, chosen by scripts/measure_resize_filters.py (results/resize-filters.json): of box,
+# bilinear and bicubic (all antialiased), the one that best recovers the 32 x 32 pixels of upscaled and JPEG-saved
+# copies of CIFAR-10 images. A box filter averages each k x k block, so it undoes a k-times upscale exactly.
+RESAMPLE = Image.Resampling.BOX
 
 
 def load_image(image) -> Image.Image:
@@ -56,11 +60,11 @@ def load_image(image) -> Image.Image:
                      f"a numpy array or a torch tensor")
 
 
-def to_uint8(image) -> np.ndarray:
-    """The input resized (antialiased) to 32 x 32 x 3 uint8."""
+def to_uint8(image, resample: Image.Resampling = RESAMPLE) -> np.ndarray:
+    """The input resized (antialiased, with the filter `resample`) to 32 x 32 x 3 uint8."""
     rgb = load_image(image)
     if rgb.size != (SIZE, SIZE):
-        rgb = rgb.resize((SIZE, SIZE), Image.Resampling.BICUBIC, reducing_gap=None)
+        rgb = rgb.resize((SIZE, SIZE), resample, reducing_gap=None)
     return np.asarray(rgb, dtype=np.uint8)
 
 
