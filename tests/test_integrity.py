@@ -199,6 +199,7 @@ def onnx_reference(released, tmp_path_factory, pixels, monkeypatch):
     """Logits of the onnxruntime backend with a writable cache of its own, to compare the other ways against."""
     with monkeypatch.context() as patch:
         patch.setenv("CIFARKIT_HOME", str(tmp_path_factory.mktemp("writable-home")))
+        patch.delenv("CIFARKIT_DATA", raising=False)  # this home's cache, not the real archive
         return Classifier.load(released, backend="onnxruntime").logits(pixels)
 
 
@@ -206,6 +207,7 @@ def test_a_home_that_cannot_be_created_runs_onnx_from_memory(released, tmp_path,
                                                              image_file, caplog, capsys, monkeypatch):
     (tmp_path / "file").write_text("a file where the home's parent folder should be")
     monkeypatch.setenv("CIFARKIT_HOME", str(tmp_path / "file" / "home"))
+    monkeypatch.delenv("CIFARKIT_DATA", raising=False)  # this home's cache, not the real archive
     with caplog.at_level(logging.WARNING, logger="cifarkit"):
         classifier = Classifier.load(released, backend="onnxruntime")
     assert any("running it from memory" in r.getMessage() for r in caplog.records)
@@ -284,6 +286,7 @@ def test_a_release_killed_between_its_two_renames_is_restored(released, tmp_path
 
     # So does the next release, which then clears the killed one's leftovers and replaces it through the fallback.
     monkeypatch.setenv("CIFARKIT_HOME", str(released.parent.parent / "home"))
+    monkeypatch.delenv("CIFARKIT_DATA", raising=False)  # this home's cache, not the real archive
     monkeypatch.setattr(release, "INFERENCE_ROUNDS", 1)
     monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
     monkeypatch.setattr(release, "_exchange", lambda a, b: False)
