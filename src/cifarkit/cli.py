@@ -13,6 +13,7 @@ from cifarkit.errors import LOG_FORMAT, CifarkitError, describe_os_error
 DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; see README measurements
 GRID_MAX = 256  # images in a `data show` grid: 32 rows of 8 still make a page; 100,000 once took 13 GB
 DEVICES = ("auto", "cuda", "mps", "cpu")
+PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
 
 
 def _print_json(obj) -> None:
@@ -113,7 +114,7 @@ SHORTCUTS = {
     "seed": ("train.seed", int, "seed of the initialization, the data order and the augmentation"),
     "subset": ("data.subset", int, "train on a class-balanced subset of this many training images"),
     "device": ("train.device", DEVICES, "auto: CUDA, then MPS, then the CPU"),
-    "precision": ("train.precision", ("auto", "fp32", "bf16", "fp16"),
+    "precision": ("train.precision", PRECISION_CHOICES,
                   "auto: fp16 on CUDA, bf16 on CPUs with native bf16, fp32 otherwise"),
 }
 
@@ -363,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tta", action="store_true", help="test-time augmentation: mirror + 1-pixel shifts, weighted logits")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA, then MPS, then the CPU")
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16", "auto"),
+    p.add_argument("--precision", default="fp32", choices=PRECISION_CHOICES,
                    help="fp32 (default) gives the accuracy releases record and Classifier.predict computes")
     p.add_argument("--figure", help="confusion-matrix figure, .png/.jpg/.pdf/.svg (default: confusion.png beside a "
                                     "run's weights; confusion_version_NAME.png here for a release)")

@@ -1,7 +1,8 @@
 """CIFAR-10: find, download, import, verify and cache it; split it; augment it in batches on the training device.
 
 The decoded set is cached as uint8 tensors in one safetensors file (60,000 x 3,072 bytes of pixels), which loads in
-well under a second, so no run ever decodes the pickles twice. Images are kept as N x 3 x 32 x 32 uint8, the pickles' own order.
+well under a second, so no run ever decodes the pickles twice. Images are kept as N x 3 x 32 x 32 uint8, the
+pickles' own order.
 """
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ def _check_structure(batches: dict, path: Path) -> None:
             raise CifarkitError(f"{path}: {name} holds {data.dtype} {data.shape}, expected uint8 (10000, 3072)")
         if (labels.shape != (BATCH_SIZE_IN_FILE,) or not np.issubdtype(labels.dtype, np.integer)
                 or labels.min() < 0 or labels.max() > 9):
-            raise CifarkitError(f"{path}: {name} labels must be 10000 integers in 0..9, got {labels.dtype} {labels.shape}")
+            raise CifarkitError(f"{path}: {name} labels must be 10000 integers in 0..9, got {labels.dtype} "
+                                f"{labels.shape}")
     for split, names, per_class in (("train", TRAIN_BATCHES, 5000), ("test", (TEST_BATCH,), 1000)):
         counts = np.bincount(np.concatenate([batches[n][1] for n in names]), minlength=10)
         if not (counts == per_class).all():

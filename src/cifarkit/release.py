@@ -41,7 +41,7 @@ from cifarkit.inference import (BACKENDS, METRICS_NAME, NAME_PATTERN, ONNX_NAME,
 log = logging.getLogger(__name__)
 WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 INFERENCE_ROUNDS = 5  # interleaved rounds per backend and batch size; the median is kept
-SECONDS_PER_SAMPLE = 0.5  # long enough for ~20 batches of 256 on 2 cores
+SECONDS_PER_SAMPLE = 0.5  # several batches of 256 per sample even on 2 cores, so one slow batch is averaged out
 # renameat2(2) from <linux/fs.h> and <fcntl.h>: swap two paths in one step
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
@@ -281,8 +281,8 @@ def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predicti
                    for backend in BACKENDS}
     pixels = dataset.test_x.permute(0, 2, 3, 1).numpy()
     log.info("measuring each backend's top-1 agreement with fp32 (%s images) and inference speed (%d backends x 2 "
-             "batch sizes; the median over rounds: %d, of %g s each)...", f"{len(pixels):,}", len(classifiers), INFERENCE_ROUNDS,
-             SECONDS_PER_SAMPLE)
+             "batch sizes; the median over rounds: %d, of %g s each)...", f"{len(pixels):,}", len(classifiers),
+             INFERENCE_ROUNDS, SECONDS_PER_SAMPLE)
     agreement = {}
     for backend, classifier in classifiers.items():
         predictions = np.concatenate([classifier.logits(pixels[i:i + 1000]).argmax(1).numpy()
