@@ -14,6 +14,8 @@ DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; se
 GRID_MAX = 256  # images in a `data show` grid: 32 rows of 8 still make a page; 100,000 once took 13 GB
 DEVICES = ("auto", "cuda", "mps", "cpu")
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
+# `cifarkit serve` options that set a ServeSettings field; tests/test_serve.py checks the defaults their help states.
+SERVE_SETTINGS = ("max_batch", "max_wait_ms", "max_queue", "timeout_s", "max_body_mb", "threads", "backend")
 
 
 def _print_json(obj) -> None:
@@ -292,6 +294,14 @@ def cmd_export(args) -> None:
           f"{100 * report['top1_agreement']:.2f}%")
 
 
+def cmd_serve(args) -> None:
+    from cifarkit.serve import API_KEY_ENV, ServeSettings, serve
+    # The options left out keep ServeSettings' defaults, the one place they are set (and explained).
+    given = {name: getattr(args, name) for name in SERVE_SETTINGS if getattr(args, name) is not None}
+    settings = ServeSettings(**given, verify=not args.no_verify, api_key=os.environ.get(API_KEY_ENV) or None)
+    serve(args.model, host=args.host, port=args.port, settings=settings, access_log=args.access_log)
+
+
 def _bounded(low, high=None, kind=int, why: str = ""):
     """An argparse type: a `kind` from `low` to `high`; anything else is an argument error that gives the range."""
     def parse(text: str):
@@ -426,6 +436,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true",
                    help="use the release's weights (and model.onnx) even if they differ from what metrics.json records")
     p.set_defaults(func=cmd_predict)
+
+    p = _command(sub, "serve", "an HTTP API with dynamic batching, Prometheus metrics and a web page")
+    p.add_argument("--model", nargs="+", default=["A", "B"], metavar="MODEL",
+                   help="releases to serve: version names or paths, as `predict --model` takes them; the first is "
+                        "the default of /v1/predict (default: A B)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 for every network)")
+    p.add_argument("--port", type=_bounded(0, 65535), default=8000, help="TCP port; 0 picks a free one (default: 8000)")
+    p.add_argument("--max-batch", type=_bounded(1, 4096),
+                   help="most images per forward pass; 1 turns batching off (default: 64)")
+    p.add_argument("--max-wait-ms", type=_bounded(0.0, 10_000.0, float),
+                   help="most a batch waits for more images after its first arrived (default: 5)")
+    p.add_argument("--max-queue", type=_bounded(1), help="images queued per model before requests get 503 "
+                                                         "(default: 512)")
+    p.add_argument("--timeout-s", type=_bounded(0.001, kind=float),
+                   help="a request not answered in this time gets 504 (default: 10)")
+    p.add_argument("--max-body-mb", type=_bounded(0.001, kind=float),
+                   help="larger request bodies get 413 before they are read (default: 10)")
+    p.add_argument("--threads", type=_bounded(1), help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--backend", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"),
+                   help="auto: the one each release's metrics.json recommends (default: auto)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="serve weights even if they differ from what their metrics.json records")
+    p.add_argument("--access-log", action="store_true", help="log every request (costs throughput)")
+    p.set_defaults(func=cmd_serve)
 
     p = _command(sub, "export", "write ONNX / torch.export / TorchScript into a release, checked for parity")
     p.add_argument("release", help="version name or release folder")

@@ -28,11 +28,11 @@ from safetensors.torch import load_file
 
 from cifarkit.config import AugmentConfig, DataConfig
 from cifarkit.errors import CifarkitError
-from cifarkit.files import write_bytes
+from cifarkit.files import file_digest, home, write_bytes
+from cifarkit.models.registry import CLASSES  # noqa: F401  (data.CLASSES: the label names of the data set)
 
 log = logging.getLogger(__name__)
 
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
 ARCHIVE_NAME = "cifar-10-python.tar.gz"
@@ -54,17 +54,8 @@ class Cifar10:
     source: str = ""
 
 
-def home() -> Path:
-    return Path(os.environ.get("CIFARKIT_HOME", Path.home() / ".cache" / "cifarkit")).expanduser()
-
-
 def cache_path() -> Path:
     return home() / CACHE_NAME
-
-
-def file_digest(path: Path, algorithm: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
 def content_sha256(*arrays: torch.Tensor) -> str:

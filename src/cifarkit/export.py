@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cifarkit import checkpoint, data, preprocess
+from cifarkit import checkpoint, preprocess
 from cifarkit.errors import CifarkitError
-from cifarkit.files import atomic_path, write_json
+from cifarkit.files import atomic_path, file_digest, write_json
 from cifarkit.inference import METRICS_NAME, WEIGHTS_NAME, read_metrics, release_dir, weights_sha256
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ def parity(model: torch.nn.Module, run, images: np.ndarray) -> dict:
 
 def parity_images(count: int, mean, std) -> np.ndarray:
     """The first `count` real test images, normalized."""
+    from cifarkit import data  # the training side's data set, imported here alone: serving never needs it
     dataset = data.load()
     pixels = dataset.test_x[:count].permute(0, 2, 3, 1).numpy()
     return preprocess.normalize(pixels, mean, std)
@@ -87,7 +88,7 @@ def parity_images(count: int, mean, std) -> np.ndarray:
 def record(fmt: str, path: Path, weights_sha: str) -> dict:
     """What a release's metrics.json keeps about an artifact: its file, its sha256 and the weights it was made from."""
     return {"format": fmt, "file": path.name, "size_bytes": path.stat().st_size,
-            "sha256": data.file_digest(path, "sha256"), "weights_sha256": weights_sha, "torch": str(torch.__version__)}
+            "sha256": file_digest(path, "sha256"), "weights_sha256": weights_sha, "torch": str(torch.__version__)}
 
 
 def export(release: str | Path, fmt: str) -> dict:

@@ -4,9 +4,12 @@ one or the new one.
 Every write goes to a hidden temporary file beside the target, is fsync'ed, renamed onto the target, and the folder
 is fsync'ed so the rename itself survives a power cut. Temporary names carry the writer's process id, so the
 leftovers of a killed writer are recognised and removed by the next write of the same file.
+
+Also here, for both sides of the package (training and inference): where cifarkit keeps its caches, and file hashes.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,6 +20,16 @@ from pathlib import Path
 
 FILE_MODE = 0o644  # set explicitly: the process umask is never changed
 FOLDER_MODE = 0o755
+
+
+def home() -> Path:
+    """cifarkit's cache folder: the imported data set and exported ONNX models."""
+    return Path(os.environ.get("CIFARKIT_HOME", Path.home() / ".cache" / "cifarkit")).expanduser()
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
 def fsync_folder(folder: Path) -> None:

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from cifarkit import checkpoint, preprocess
-from cifarkit.data import CLASSES, file_digest, home
 from cifarkit.device import PRECISIONS, autocast, pick_device
 from cifarkit.errors import CifarkitError, describe_os_error
-from cifarkit.files import write_bytes
+from cifarkit.files import file_digest, home, write_bytes
+from cifarkit.models.registry import CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ class Classifier:
         self.device = pick_device(device)
         self.model = model.eval().to(self.device).to(memory_format=torch.channels_last)
         self.mean, self.std, self.backend, self.info = tuple(mean), tuple(std), backend, info or {}
+        self.weights_sha256 = self.info.get("weights_sha256")  # `load` sets it for weights without a metrics.json
         self.classes = CLASSES
         self._run_onnx = None
         if backend == "onnxruntime":
@@ -166,7 +167,9 @@ class Classifier:
         onnx = None
         if backend == "onnxruntime":
             onnx = _release_onnx(folder, info, sha, verify) or _cached_onnx(model, sha)
-        return cls(model, meta["mean"], meta["std"], backend=backend, device=device, onnx=onnx, info=info)
+        classifier = cls(model, meta["mean"], meta["std"], backend=backend, device=device, onnx=onnx, info=info)
+        classifier.weights_sha256 = sha
+        return classifier
 
     @classmethod
     def pretrained(cls, version: str = DEFAULT_VERSION, backend: str = "auto", verify: bool = True) -> "Classifier":

@@ -8,6 +8,9 @@ from torch import nn
 
 from cifarkit.errors import CifarkitError
 
+# What output i of every model here means: CIFAR-10's label order, as its archive numbers the labels.
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
 _MODELS: dict[str, Callable[[], nn.Module]] = {}
 
 

@@ -1,0 +1,549 @@
+"""`cifarkit serve`: releases behind an HTTP API (FastAPI on uvicorn), with dynamic batching, Prometheus metrics and a
+page to try them on.
+
+    cifarkit serve --model B          # the page at http://127.0.0.1:8000, the API's OpenAPI at /docs
+    curl -F file=@cat.png 'http://127.0.0.1:8000/v1/predict?model=B&topk=3'
+    curl --data-binary @cat.png -H 'Content-Type: image/png' http://127.0.0.1:8000/v1/predict
+
+One image's path: its body is read (refused past `max_body_mb`, from its Content-Length when it has one, before a
+byte of it is read), decoded and resized in a worker thread (never on the event loop), and queued for its model.
+Each model's batcher takes the queue in arrival order, up to `max_batch` images per forward pass; it waits for more
+only while images already admitted are still on their way into the queue, and never past `max_wait_ms` after the
+oldest one arrived. A full queue is refused at once (503, Retry-After), and an image not answered within `timeout_s`
+gets 504. Every error is a JSON body, {"detail": "..."}, that names the problem.
+
+This module is the inference side alone: it imports no training code (engine, optim, the data set and its loaders,
+TensorBoard, matplotlib). tests/test_serve.py checks that in a running server.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+import uvicorn
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException
+
+from cifarkit import __version__, preprocess
+from cifarkit.errors import CifarkitError
+from cifarkit.inference import Classifier, release_dir
+
+log = logging.getLogger(__name__)
+
+WEB = resources.files("cifarkit") / "web"
+API_KEY_ENV = "CIFARKIT_API_KEY"
+LOOPBACK = "127.0.0.1"
+RAW_TYPES = ("image/", "application/octet-stream")  # a raw body of these types is one image file
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Every serving default, in one place; `cifarkit serve --help` names the option of each."""
+    # Images per forward pass. Past 64 a bigger batch no longer buys images/s on a CPU (fastnet in bf16 on 2 cores)
+    # and only lengthens the wait of the batch's first image; a GPU gains up to a few hundred.
+    max_batch: int = 64
+    # The most a batch waits for more images after its oldest arrived; it waits only while admitted images are
+    # still being decoded, so an idle server answers a lone request without this delay.
+    max_wait_ms: float = 5.0
+    # Images queued per model before new ones are refused with 503: at about 1,000 img/s on 2 CPU cores, 512
+    # images are half a second of work, so a client is told to come back instead of waiting for seconds.
+    max_queue: int = 512
+    # A request not answered in this time gets 504 (its images are dropped from the queue if still there).
+    timeout_s: float = 10.0
+    max_body_mb: float = 10.0  # a larger request body is refused (413) before it is read
+    max_images: int = 64  # images in one multipart request
+    # torch's intra-op threads. One: the event loop needs the other core on a 2-core machine. None: torch's own.
+    threads: int | None = None
+    backend: str = "auto"
+    verify: bool = True
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 2**20)
+
+
+class _Refused(Exception):
+    """An image or request that gets an error answer: the HTTP status, and the one-line reason."""
+
+    def __init__(self, status: int, detail: str, headers: dict | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers
+
+
+@dataclass
+class Served:
+    """One loaded release: its name in the API, the classifier, and what /v1/models tells about it."""
+    name: str
+    classifier: Classifier
+    source: str
+
+    def describe(self) -> dict:
+        info = self.classifier.info
+        speedrun = info.get("speedrun") or {}
+        inference = info.get("inference") or {}
+        throughput = {f"batch_{row['batch_size']}": round(row["images_per_s"], 1)
+                      for row in inference.get("throughput", []) if row["backend"] == self.classifier.backend}
+        return {
+            "name": self.name, "source": self.source, "model": info.get("model"), "recipe": info.get("recipe"),
+            "backend": self.classifier.backend, "weights_sha256": self.classifier.weights_sha256,
+            "params": info.get("params"), "macs": info.get("macs"),
+            "test_accuracy": info.get("test_acc"), "test_images": info.get("test_images"),
+            "test_accuracy_evaluation": info.get("test_acc_evaluation"),
+            # Run-to-run figures: the recipe trained n times with different seeds (with its TTA).
+            "runs": {"n": speedrun.get("n"), "mean": speedrun.get("mean"), "std": speedrun.get("std"),
+                     "wall_time_s_mean": speedrun.get("wall_time_s_mean")} if speedrun else None,
+            "images_per_s": throughput or None,
+            "created": info.get("created"),
+        }
+
+
+def load_models(names: list[str], settings: ServeSettings) -> dict[str, Served]:
+    """Each named release (a version name or a path, as every command takes it), loaded and verified."""
+    served: dict[str, Served] = {}
+    for text in names:
+        path = release_dir(text)
+        name = text if not Path(text).exists() else path.resolve().name.removeprefix("version_")
+        if name.endswith(".safetensors"):
+            name = Path(name).stem
+        if name in served:
+            raise CifarkitError(f"two models are named {name!r} ({served[name].source} and {text}); serve each "
+                                f"name once")
+        classifier = Classifier.load(path, backend=settings.backend, verify=settings.verify)
+        served[name] = Served(name, classifier, path.name if Path(text).exists() else text)
+    return served
+
+
+class Metrics:
+    """The Prometheus series: a registry of its own, so several apps (tests) can live in one process."""
+
+    def __init__(self, max_batch: int):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("cifarkit_http_requests", "HTTP requests answered, by endpoint and status",
+                                ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("cifarkit_http_request_duration_seconds", "Time to answer a request, by endpoint",
+                                 ["endpoint"], registry=self.registry,
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
+        sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] + [max_batch]
+        self.batch_size = Histogram("cifarkit_batch_size", "Images per forward pass, by model", ["model"],
+                                    registry=self.registry, buckets=sizes)
+        self.images = Counter("cifarkit_images", "Images answered, by model and outcome", ["model", "outcome"],
+                              registry=self.registry)
+        self.queue_depth = Gauge("cifarkit_queue_depth", "Images waiting for a forward pass, by model", ["model"],
+                                 registry=self.registry)
+
+
+@dataclass
+class _Item:
+    pixels: np.ndarray  # 32 x 32 x 3 uint8
+    future: asyncio.Future
+    arrived: float
+
+
+class Batcher:
+    """One model's queue, and the loop that empties it in batches on the model thread."""
+
+    def __init__(self, served: Served, settings: ServeSettings, metrics: Metrics, model_thread: ThreadPoolExecutor):
+        self.served, self.settings, self.metrics, self.model_thread = served, settings, metrics, model_thread
+        self.queue: deque[_Item] = deque()
+        self.incoming = 0  # images admitted and being decoded: they will join the queue shortly
+        self._wake = asyncio.Event()  # the queue is not empty
+        self._go = asyncio.Event()  # stop waiting for more: the batch is full, or nothing more is on its way
+        metrics.queue_depth.labels(served.name).set_function(lambda: len(self.queue))
+
+    def admit(self, count: int) -> None:
+        """Reserve room for `count` images, all or none, before they are decoded."""
+        if len(self.queue) + self.incoming + count > self.settings.max_queue:
+            raise _Refused(503, f"the queue of model {self.served.name} is full ({self.settings.max_queue} images); "
+                                f"retry in a moment", {"Retry-After": "1"})
+        self.incoming += count
+
+    def put(self, pixels: np.ndarray | None) -> asyncio.Future | None:
+        """One admitted image, decoded (None: it failed to decode and leaves the count)."""
+        self.incoming -= 1
+        future = None
+        if pixels is not None:
+            future = asyncio.get_running_loop().create_future()
+            self.queue.append(_Item(pixels, future, time.perf_counter()))
+            self._wake.set()
+        if len(self.queue) >= self.settings.max_batch or self.incoming == 0:
+            self._go.set()
+        return future
+
+    def _take(self) -> list[_Item]:
+        batch = []
+        while self.queue and len(batch) < self.settings.max_batch:
+            item = self.queue.popleft()
+            if not item.future.done():  # done already: its request timed out and went away
+                batch.append(item)
+        if not self.queue:
+            self._wake.clear()
+        if len(self.queue) < self.settings.max_batch and self.incoming:
+            self._go.clear()
+        return batch
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            wait = self.queue[0].arrived + self.settings.max_wait_ms / 1000 - time.perf_counter()
+            if wait > 0 and not self._go.is_set():
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._go.wait(), wait)
+            batch = self._take()
+            if not batch:
+                continue
+            self.metrics.batch_size.labels(self.served.name).observe(len(batch))
+            pixels = np.stack([item.pixels for item in batch])
+            try:
+                probabilities = await loop.run_in_executor(self.model_thread, self.infer, pixels)
+            except Exception as e:  # a failed forward pass fails its batch, never the server
+                log.exception("model %s failed on a batch of %d", self.served.name, len(batch))
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(_Refused(500, f"model {self.served.name} failed: {e}"))
+                continue
+            for item, row in zip(batch, probabilities):
+                if not item.future.done():
+                    item.future.set_result(row)
+
+    def infer(self, pixels: np.ndarray) -> np.ndarray:
+        return self.served.classifier.logits(pixels).softmax(1).numpy()
+
+
+def _decode(data: bytes, name: str) -> np.ndarray:
+    return preprocess.to_uint8(preprocess.from_bytes(data, name))
+
+
+def _answer(index: int, probabilities: np.ndarray, classes, topk: int, filename: str | None) -> dict:
+    order = np.argsort(-probabilities)[:topk]
+    best = int(order[0])
+    answer = {"index": index, "label": classes[best], "class_index": best,
+              "confidence": float(probabilities[best]),
+              "topk": [{"label": classes[i], "confidence": float(probabilities[i])} for i in order]}
+    if filename is not None:
+        answer["filename"] = filename
+    return answer
+
+
+def _endpoint(path: str) -> str:
+    """The metrics label of a path: the API's routes by name, everything else as one (bounded cardinality)."""
+    if path in ("/v1/predict", "/v1/models", "/healthz", "/readyz", "/metrics", "/"):
+        return path
+    return "static" if path.startswith("/static/") else "other"
+
+
+class Gate:
+    """ASGI middleware in front of every route: the API key on /v1, the body limit, and the request metrics."""
+
+    def __init__(self, app, settings: ServeSettings, metrics: Metrics):
+        self.app, self.settings, self.metrics = app, settings, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, endpoint, status = time.perf_counter(), _endpoint(scope["path"]), [500]
+
+        async def send_and_record(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            refused = self._check(scope)
+            if refused is not None:
+                response = JSONResponse({"detail": refused.detail}, refused.status, refused.headers)
+                await response(scope, receive, send_and_record)
+                return
+            await self.app(scope, self._limited(receive), send_and_record)
+        finally:
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+
+    def _check(self, scope) -> _Refused | None:
+        headers = dict(scope["headers"])
+        key = self.settings.api_key
+        if key and scope["path"].startswith("/v1/"):
+            given = headers.get(b"x-api-key", b"")
+            bearer = headers.get(b"authorization", b"")
+            if bearer[:7].lower() == b"bearer ":
+                given = bearer[7:].strip()
+            if not hmac.compare_digest(given, key.encode()):
+                return _Refused(401, f"missing or wrong API key; send the server's {API_KEY_ENV} as "
+                                     f"`Authorization: Bearer KEY` or `X-API-Key: KEY`",
+                                {"WWW-Authenticate": "Bearer"})
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.settings.max_body_bytes:
+            return self._too_large(int(length))
+        return None
+
+    def _too_large(self, size: int | None) -> _Refused:
+        got = f"{size:,} bytes" if size is not None else "more"
+        return _Refused(413, f"the request body is {got}, over the limit of {self.settings.max_body_bytes:,} "
+                             f"bytes; send smaller images (the model sees 32 x 32) or raise `cifarkit serve "
+                             f"--max-body-mb`", {"Connection": "close"})
+
+    def _limited(self, receive):
+        """`receive` that stops a body without Content-Length (chunked) at the limit, reading no further."""
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.settings.max_body_bytes:
+                refused = self._too_large(None)
+                raise HTTPException(refused.status, refused.detail, refused.headers)
+            return message
+
+        return limited
+
+
+def create_app(models: dict[str, Served], settings: ServeSettings = ServeSettings()) -> FastAPI:
+    """The ASGI app serving `models` (name -> Served), loaded already; warmed when its lifespan starts."""
+    if not models:
+        raise CifarkitError("no model to serve; give one or more with --model")
+    metrics = Metrics(settings.max_batch)
+    # One model thread for all models: forward passes take the cores in turn instead of fighting over them.
+    model_thread = ThreadPoolExecutor(1, thread_name_prefix="cifarkit-model")
+    # One decode thread: a 32 x 32 PNG decodes in tens of microseconds, and preprocess guards Pillow's warnings
+    # with warnings.catch_warnings, which is not thread-safe.
+    decode_thread = ThreadPoolExecutor(1, thread_name_prefix="cifarkit-decode")
+    state = {"ready": False, "batchers": {}}
+    default_model = next(iter(models))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        started = time.perf_counter()
+        for served in models.values():
+            batcher = Batcher(served, settings, metrics, model_thread)
+            for size in (1, settings.max_batch, 1, settings.max_batch):  # oneDNN picks its kernels on first use
+                await asyncio.get_running_loop().run_in_executor(
+                    model_thread, batcher.infer, np.zeros((size, preprocess.SIZE, preprocess.SIZE, 3), np.uint8))
+            state["batchers"][served.name] = batcher
+        tasks = [asyncio.create_task(b.run(), name=f"batcher-{n}") for n, b in state["batchers"].items()]
+        log.info("models %s loaded and warm in %.2f s", ", ".join(models), time.perf_counter() - started)
+        state["ready"] = True
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            for task in tasks:
+                task.cancel()
+            model_thread.shutdown(wait=True)
+            decode_thread.shutdown(wait=True)
+
+    app = FastAPI(title="cifarkit", version=__version__, lifespan=lifespan,
+                  description="CIFAR-10 classifiers released by cifarkit. Errors are JSON: {\"detail\": \"...\"}.")
+    app.add_middleware(Gate, settings=settings, metrics=metrics)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        return JSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
+
+    @app.exception_handler(_Refused)
+    async def refused(request, exc: _Refused):
+        return JSONResponse({"detail": exc.detail}, exc.status, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
+        return JSONResponse({"detail": problems}, 422)
+
+    @app.post("/v1/predict", summary="Classify one or several images", openapi_extra=_PREDICT_BODY,
+              responses=_PREDICT_RESPONSES)
+    async def predict(request: Request, model: str | None = Query(None, description="a loaded model's name; "
+                                                                  "default: the first one given to --model"),
+                      topk: int = Query(5, ge=1, le=10, description="classes to return per image, best first")):
+        name = model or default_model
+        batcher = state["batchers"].get(name)
+        if batcher is None:
+            raise _Refused(404, f"no model named {name!r} is loaded; loaded: {', '.join(models)}")
+        files = await _read_images(request, settings)
+        batcher.admit(len(files))
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future | _Refused] = []
+        for filename, data in files:
+            try:
+                pixels = await loop.run_in_executor(decode_thread, _decode, data, filename or "the image")
+            except ValueError as e:
+                futures.append(_Refused(422, str(e)))
+                batcher.put(None)
+                continue
+            futures.append(batcher.put(pixels))
+        pending = [f for f in futures if isinstance(f, asyncio.Future)]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=settings.timeout_s)
+            if late:
+                for future in late:
+                    future.cancel()
+                raise _Refused(504, f"no answer within {settings.timeout_s:g} s: the server is overloaded; retry "
+                                    f"later, or raise `cifarkit serve --timeout-s`")
+        answers = []
+        for index, ((filename, _), outcome) in enumerate(zip(files, futures)):
+            if isinstance(outcome, asyncio.Future) and outcome.exception() is not None:
+                outcome = outcome.exception()
+            if isinstance(outcome, _Refused):
+                if len(files) == 1:
+                    metrics.images.labels(name, "refused").inc()
+                    raise outcome  # one image: its error is the request's
+                answers.append({"index": index, "filename": filename,
+                                "error": {"status": outcome.status, "detail": outcome.detail}})
+            else:
+                answers.append(_answer(index, outcome.result(), batcher.served.classifier.classes, topk, filename))
+        failed = sum("error" in answer for answer in answers)
+        metrics.images.labels(name, "ok").inc(len(answers) - failed)
+        metrics.images.labels(name, "refused").inc(failed)
+        served = batcher.served
+        return JSONResponse({"model": served.name, "weights_sha256": served.classifier.weights_sha256,
+                             "predictions": answers})
+
+    @app.get("/v1/models", summary="The loaded releases and their measured figures")
+    async def list_models():
+        return {"default": default_model, "models": [served.describe() for served in models.values()],
+                "batching": {"max_batch": settings.max_batch, "max_wait_ms": settings.max_wait_ms,
+                             "max_queue": settings.max_queue}}
+
+    @app.get("/healthz", summary="Alive: the process answers")
+    async def healthz():
+        return {"alive": True}
+
+    @app.get("/readyz", summary="Ready: every model is loaded and warm")
+    async def readyz():
+        body = {"ready": state["ready"], "models": list(state["batchers"])}
+        return JSONResponse(body, 200 if state["ready"] else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return FileResponse(Path(str(WEB)) / "index.html", headers=_PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=str(WEB)), name="static")
+    return app
+
+
+async def _read_images(request: Request, settings: ServeSettings) -> list[tuple[str | None, bytes]]:
+    """(filename, bytes) of each image in the request: multipart files, or one raw body of an image type."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        try:
+            form = await request.form(max_files=settings.max_images, max_fields=settings.max_images)
+        except HTTPException as e:
+            if e.status_code == 413:
+                raise
+            raise _Refused(422, f"the multipart body is malformed or holds too many parts ({e.detail}); send at "
+                                f"most {settings.max_images} images") from None
+        files = [(value.filename, await value.read()) for _, value in form.multi_items() if hasattr(value, "read")]
+        if not files:
+            raise _Refused(422, "the form holds no file; send images as multipart files, e.g. "
+                                "`curl -F file=@cat.png URL`")
+        return files
+    if kind.startswith(RAW_TYPES):
+        return [("the request body", await request.body())]
+    raise _Refused(415, f"unsupported media type {kind or '(none)'!r}; send one image as the body with an image/* "
+                        f"Content-Type, or images as multipart/form-data files")
+
+
+# The page's own scripts and styles only: nothing inline, nothing from elsewhere.
+_PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:"}
+
+_PREDICT_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {"type": "object", "properties": {
+        "file": {"type": "array", "items": {"type": "string", "format": "binary"}}}}},
+    "image/*": {"schema": {"type": "string", "format": "binary"}}}}}
+_ERROR = {"content": {"application/json": {"example": {"detail": "what went wrong, and what to do"}}}}
+_PREDICT_RESPONSES = {
+    200: {"description": "One entry per image, in order; in a multipart request, a bad image has an `error` "
+                         "entry instead of a label", "content": {"application/json": {"example": {
+                             "model": "B", "weights_sha256": "...", "predictions": [{
+                                 "index": 0, "label": "cat", "class_index": 3, "confidence": 0.93,
+                                 "topk": [{"label": "cat", "confidence": 0.93}]}]}}}},
+    401: {"description": "CIFARKIT_API_KEY is set and the request lacks it", **_ERROR},
+    404: {"description": "no such model is loaded", **_ERROR},
+    413: {"description": "the body is over --max-body-mb", **_ERROR},
+    415: {"description": "neither an image/* body nor multipart/form-data", **_ERROR},
+    422: {"description": "not an image, a broken image, an image over the pixel limit, or a bad parameter",
+          **_ERROR},
+    503: {"description": "the model's queue is full; retry after Retry-After seconds", **_ERROR},
+    504: {"description": "not answered within --timeout-s", **_ERROR},
+}
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a taken port is a one-line error before anything starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CifarkitError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port, or stop what "
+                            f"uses it") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(names: list[str], host: str = LOOPBACK, port: int = 8000, settings: ServeSettings | None = None,
+          access_log: bool = False) -> None:
+    """Load and verify the models, bind, warm them, say where it is ready, and serve until SIGTERM or Ctrl-C, which
+    finish the requests in flight first."""
+    started = time.perf_counter()
+    settings = settings or ServeSettings(api_key=os.environ.get(API_KEY_ENV) or None)
+    models = load_models(names, settings)
+    sock = bind(host, port)
+    if not sock.getsockname()[0].startswith("127.") and sock.getsockname()[0] != "::1":
+        log.warning("listening on %s: other machines can reach this server%s", host,
+                    "" if settings.api_key else f"; set {API_KEY_ENV} to require a key")
+    config = uvicorn.Config(create_app(models, settings), log_level="warning", access_log=access_log,
+                            timeout_graceful_shutdown=int(settings.timeout_s) + 1, lifespan="on")
+    server = uvicorn.Server(config)
+    bound_host, bound_port = sock.getsockname()[:2]
+
+    stopped_by = []
+
+    def stop(signum, frame):
+        # uvicorn catches the signal first and shuts down gracefully; after that it raises the signal again, here
+        stopped_by.append(signal.Signals(signum).name)
+
+    async def run():
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            # Tests and scripts wait for this line; it names the real port when --port was 0.
+            print(f"cifarkit serve: ready at http://{shown}:{bound_port} with {', '.join(models)} "
+                  f"({time.perf_counter() - started:.2f} s after the command started)", flush=True)
+        await serving
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+    asyncio.run(run())
+    if not server.started:
+        raise CifarkitError("the server did not start; see the messages above")
+    print(f"cifarkit serve: stopped{' by ' + stopped_by[0] if stopped_by else ''}, after answering the requests "
+          f"in flight", flush=True)

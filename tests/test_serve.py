@@ -1,0 +1,294 @@
+"""`cifarkit serve` as a client meets it: real server processes on loopback, real HTTP, real signals."""
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from servers import running_server
+
+from cifarkit.cli import SERVE_SETTINGS, build_parser
+from cifarkit.inference import Classifier
+from cifarkit.serve import ServeSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = ROOT / "examples" / "images"
+CAT = (IMAGES / "cat.png").read_bytes()
+SHIP = (IMAGES / "ship.png").read_bytes()
+PNG = {"Content-Type": "image/png"}
+
+
+def call(url: str, path: str, body: bytes | None = None, headers: dict | None = None, method: str | None = None):
+    """(status, headers, parsed JSON or text) of one request; error statuses are answers too."""
+    request = urllib.request.Request(url + path, data=body, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, head, raw = response.status, response.headers, response.read()
+    except urllib.error.HTTPError as e:
+        status, head, raw = e.code, e.headers, e.read()
+    text = raw.decode()
+    is_json = head.get("content-type", "").startswith("application/json")
+    return status, head, json.loads(text) if is_json else text
+
+
+def multipart(*files: tuple[str, bytes, str]) -> tuple[bytes, dict]:
+    boundary = uuid.uuid4().hex
+    body = b""
+    for name, data, kind in files:
+        body += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n"
+                 f"Content-Type: {kind}\r\n\r\n").encode() + data + b"\r\n"
+    return body + f"--{boundary}--\r\n".encode(), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def metrics(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics: (name, sorted labels) -> value."""
+    _, _, text = call(url, "/metrics")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server("--model", "B", "A") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """What the same releases say in-process, through the Python API."""
+    b, a = Classifier.load("B"), Classifier.load("A")
+    return {"B": (b.predict_label(IMAGES / "cat.png"), b.weights_sha256),
+            "A": (a.predict_label(IMAGES / "cat.png"), a.weights_sha256)}
+
+
+def test_predict_raw_body_matches_the_python_api(server, expected):
+    status, _, answer = call(server.url, "/v1/predict?topk=3", CAT, PNG)
+    assert status == 200, answer
+    label, sha = expected["B"]  # B: the first --model is the default
+    assert answer["model"] == "B" and answer["weights_sha256"] == sha
+    (prediction,) = answer["predictions"]
+    assert prediction["index"] == 0 and prediction["label"] == label
+    assert [t["label"] for t in prediction["topk"]][0] == label and len(prediction["topk"]) == 3
+    confidences = [t["confidence"] for t in prediction["topk"]]
+    assert confidences == sorted(confidences, reverse=True) and prediction["confidence"] == confidences[0]
+
+    status, _, answer = call(server.url, "/v1/predict?model=A", CAT, PNG)
+    assert status == 200 and answer["model"] == "A"
+    assert (answer["predictions"][0]["label"], answer["weights_sha256"]) == expected["A"]
+    assert len(answer["predictions"][0]["topk"]) == 5  # the default topk
+
+
+def test_multipart_bad_image_fails_alone(server, expected):
+    body, headers = multipart(("cat.png", CAT, "image/png"), ("notes.txt", b"not an image", "text/plain"),
+                              ("ship.png", SHIP, "image/png"))
+    status, _, answer = call(server.url, "/v1/predict?model=B&topk=1", body, headers)
+    assert status == 200, answer
+    cat, notes, ship = answer["predictions"]
+    assert [cat["index"], notes["index"], ship["index"]] == [0, 1, 2]
+    assert cat["label"] == expected["B"][0] and cat["filename"] == "cat.png" and ship["label"] == "ship"
+    assert notes["error"]["status"] == 422 and "notes.txt is not an image" in notes["error"]["detail"]
+    assert "label" not in notes
+
+
+def too_many_pixels() -> bytes:
+    """A small file whose header claims 9,000 x 8,000 = 72 M pixels, over the 64 Mi-pixel limit."""
+    buffer = io.BytesIO()
+    Image.new("1", (9000, 8000)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("path, body, headers, status, words", [
+    ("/v1/predict", b"hello", {"Content-Type": "text/plain"}, 415, "unsupported media type 'text/plain'"),
+    ("/v1/predict", b"", {}, 415, "unsupported media type"),
+    ("/v1/predict", b"GIF89a broken", PNG, 422, "the request body is not an image"),
+    ("/v1/predict", CAT[:200], PNG, 422, "the request body is a broken image"),
+    ("/v1/predict", b"", PNG, 422, "the request body is empty"),
+    ("/v1/predict", "too many pixels", PNG, 422, "over the limit of 67,108,864"),
+    ("/v1/predict?model=C", CAT, PNG, 404, "no model named 'C' is loaded; loaded: B, A"),
+    ("/v1/predict?topk=11", CAT, PNG, 422, "topk"),
+    ("/v1/predict?topk=x", CAT, PNG, 422, "topk"),
+    ("/v1/predict", *multipart(), 422, "no file"),
+    ("/v1/predict", b"--x\r\nbroken", {"Content-Type": "multipart/form-data; boundary=x"}, 422, "multipart"),
+    ("/v1/nothing", b"", {}, 404, "Not Found"),
+])
+def test_errors_are_json_answers(server, path, body, headers, status, words):
+    body = too_many_pixels() if body == "too many pixels" else body
+    got, head, answer = call(server.url, path, body, headers, method="POST")
+    assert got == status, answer
+    assert head["content-type"] == "application/json" and words in answer["detail"]
+    assert call(server.url, "/healthz")[0] == 200  # and the server is still there
+
+
+def test_body_over_the_limit_is_refused_before_it_is_read(server):
+    """Content-Length over 10 MB: 413 answered from the headers, while the body has not been sent at all."""
+    host, port = urlsplit(server.url).hostname, urlsplit(server.url).port
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                     b"Content-Length: 10485761\r\n\r\n")
+        head = sock.recv(65536).decode()
+    assert head.startswith("HTTP/1.1 413") and "over the limit of 10,485,760 bytes" in head
+
+    # Chunked, with no Content-Length: stopped once past the limit.
+    connection = http.client.HTTPConnection(host, port, timeout=60)
+    connection.request("POST", "/v1/predict", body=(b"\0" * 2**20 for _ in range(12)), headers=PNG,
+                       encode_chunked=True)
+    response = connection.getresponse()
+    assert response.status == 413 and "over the limit" in json.loads(response.read())["detail"]
+
+
+def test_models_health_docs_and_metrics(server, expected):
+    status, _, listing = call(server.url, "/v1/models")
+    assert status == 200 and listing["default"] == "B" and [m["name"] for m in listing["models"]] == ["B", "A"]
+    for model in listing["models"]:
+        assert model["weights_sha256"] == expected[model["name"]][1]
+        assert 0.9 < model["test_accuracy"] < 1 and model["test_images"] == 10_000 and model["params"] > 10**6
+        assert model["runs"]["n"] >= 2 and model["runs"]["std"] > 0 and model["images_per_s"]["batch_1"] > 0
+
+    assert call(server.url, "/healthz")[:3:2] == (200, {"alive": True})
+    assert call(server.url, "/readyz")[:3:2] == (200, {"ready": True, "models": ["B", "A"]})
+    status, _, page = call(server.url, "/docs")
+    assert status == 200 and "swagger" in page.lower()
+    spec = call(server.url, "/openapi.json")[2]
+    content = spec["paths"]["/v1/predict"]["post"]["requestBody"]["content"]
+    assert set(content) == {"multipart/form-data", "image/*"}
+
+    before = metrics(server.url)
+    call(server.url, "/v1/predict", b"hello", {"Content-Type": "text/plain"})
+    after = metrics(server.url)
+    key = ("cifarkit_http_requests_total", (("endpoint", "/v1/predict"), ("status", "415")))
+    assert after[key] == before.get(key, 0) + 1
+    names = {name for name, _ in after}
+    assert {"cifarkit_http_request_duration_seconds_bucket", "cifarkit_batch_size_bucket",
+            "cifarkit_queue_depth"} <= names
+    assert after[("cifarkit_queue_depth", (("model", "B"),))] == 0
+
+
+def test_concurrent_requests_share_forward_passes(server, expected):
+    """64 clients at once: every answer right, and fewer forward passes than images."""
+    def one(_):
+        return call(server.url, "/v1/predict?model=B", CAT, PNG)
+
+    def batches():
+        values = metrics(server.url)
+        return (values[("cifarkit_batch_size_count", (("model", "B"),))],
+                values[("cifarkit_batch_size_sum", (("model", "B"),))])
+
+    count_before, images_before = batches()
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(one, range(256)))
+    assert all(status == 200 and a["predictions"][0]["label"] == expected["B"][0] for status, _, a in answers)
+    count, images = batches()
+    assert images - images_before == 256
+    assert count - count_before < 256, "no two requests were ever batched together"
+
+
+def test_api_key_guards_v1_only():
+    with running_server("--model", "B", env={"CIFARKIT_API_KEY": "s3cret"}) as server:
+        for headers in ({}, {"X-API-Key": "wrong"}, {"Authorization": "Bearer wrong"}):
+            status, head, answer = call(server.url, "/v1/predict", CAT, {**PNG, **headers})
+            assert status == 401 and "API key" in answer["detail"] and head["www-authenticate"] == "Bearer"
+        assert call(server.url, "/v1/models")[0] == 401
+        for headers in ({"X-API-Key": "s3cret"}, {"Authorization": "Bearer s3cret"}):
+            assert call(server.url, "/v1/predict", CAT, {**PNG, **headers})[0] == 200
+        assert call(server.url, "/healthz")[0] == 200 and call(server.url, "/readyz")[0] == 200
+
+
+def test_full_queue_and_deadline():
+    """A request whose images do not fit in the queue: 503 at once, with Retry-After. A request not answered in
+    --timeout-s (1 ms here, less than one forward pass): 504. The server goes on serving after both."""
+    with running_server("--model", "B", "--max-queue", "2", "--timeout-s", "0.001") as server:
+        body, headers = multipart(*[("cat.png", CAT, "image/png")] * 3)
+        started = time.perf_counter()
+        status, head, answer = call(server.url, "/v1/predict", body, headers)
+        assert status == 503 and head["retry-after"] == "1" and "queue of model B is full" in answer["detail"]
+        assert time.perf_counter() - started < 5
+        status, _, answer = call(server.url, "/v1/predict", CAT, PNG)
+        assert status == 504 and "no answer within 0.001 s" in answer["detail"]
+        assert call(server.url, "/healthz")[0] == 200
+        values = metrics(server.url)
+        for code in ("503", "504"):
+            assert values[("cifarkit_http_requests_total", (("endpoint", "/v1/predict"), ("status", code)))] == 1
+
+
+# Runs the server like `cifarkit serve`, and writes the modules it had loaded when it exits.
+WITH_MODULES = """
+import atexit, sys
+from cifarkit.cli import main
+atexit.register(lambda: open(sys.argv[1], "w").write("\\n".join(sorted(sys.modules))))
+sys.exit(main(sys.argv[2:]))
+"""
+TRAINING_SIDE = ("cifarkit.engine", "cifarkit.optim", "cifarkit.train", "cifarkit.data", "cifarkit.config",
+                 "cifarkit.speedrun", "cifarkit.benchmark", "cifarkit.evaluation", "cifarkit.plots",
+                 "cifarkit.release", "tensorboard", "torch.utils.tensorboard", "matplotlib", "tqdm")
+
+
+def test_sigterm_finishes_the_request_in_flight_and_the_server_imports_no_training_code(tmp_path):
+    modules = tmp_path / "modules.txt"
+    python = [sys.executable, "-c", WITH_MODULES, str(modules)]
+    with running_server("--model", "B", python=python) as server:
+        call(server.url, "/v1/predict", CAT, PNG)
+        host, port = urlsplit(server.url).hostname, urlsplit(server.url).port
+        with socket.create_connection((host, port), timeout=30) as sock:
+            # Half a request is in flight when SIGTERM comes; the server must wait for the rest and answer it.
+            sock.sendall(f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                         f"Content-Length: {len(CAT)}\r\n\r\n".encode() + CAT[:100])
+            time.sleep(0.5)
+            server.process.send_signal(15)
+            time.sleep(1)
+            assert server.process.poll() is None, "the server quit with a request in flight"
+            with pytest.raises(OSError):  # no new connections meanwhile
+                socket.create_connection((host, port), timeout=5).close()
+            sock.sendall(CAT[100:])
+            response = sock.makefile("rb").read().decode()
+        assert response.startswith("HTTP/1.1 200") and '"label":' in response
+        assert server.process.wait(30) == 0
+        assert "cifarkit serve: stopped by SIGTERM" in server.output
+
+    loaded = set(modules.read_text().split())
+    # torch itself imports tqdm (torch.hub does, where tqdm is installed): it counts only if torch alone does not.
+    by_torch = set(subprocess.run([sys.executable, "-c", "import sys, torch; print('\\n'.join(sys.modules))"],
+                                  capture_output=True, text=True, check=True).stdout.split())
+    imported = {m for m in TRAINING_SIDE if any(n == m or n.startswith(m + ".") for n in loaded - by_torch)}
+    assert "cifarkit.serve" in loaded and "fastapi" in loaded and not imported
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cifarkit", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_bad_model_and_taken_port_are_one_line_errors(server):
+    result = run_cli("serve", "--model", "nope", "--port", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cifarkit: error: no weights at nope" in result.stderr and "found: A, B" in result.stderr
+
+    port = urlsplit(server.url).port
+    result = run_cli("serve", "--model", "B", "--port", str(port))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "choose another --port" in result.stderr
+
+
+def test_help_states_the_settings_defaults():
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    helps = {action.dest: action.help for action in serve._actions}
+    defaults = {f.name: f.default for f in fields(ServeSettings)}
+    for name in SERVE_SETTINGS:
+        stated = re.search(r"\(default: ([^)]*)\)", helps[name]).group(1)
+        value = defaults[name]
+        assert stated == ("torch's own" if value is None else f"{value:g}" if isinstance(value, float) else
+                          str(value)), name
