@@ -6,11 +6,11 @@ std, so the preprocessing ships with the weights and runs without cifarkit or to
     from preprocess import preprocess
     x = preprocess("dog.png")          # (3, 32, 32) float32, ready for ONNX Runtime after x[None]
 
-Accepted inputs: a file path, a PIL image, a numpy array (H x W, H x W x 1/3/4; uint8, uint16 or float in [0, 1])
+Accepted inputs: a file path, the bytes of an image file, a PIL image, a numpy array (H x W, H x W x 1/3/4; uint8, uint16 or float in [0, 1])
 or a torch tensor (C x H x W or H x W, uint8 or float in [0, 1]), of any size. Grayscale, palette, RGBA and 16-bit
 images become RGB; resizing is antialiased. Anything else raises ValueError naming the problem.
 
-Image files: a file of more than MAX_PIXELS pixels (2**26, about 67 million, e.g. 9248 x 6936) is refused from its
+Image files (and bytes): a file of more than MAX_PIXELS pixels (2**26, about 67 million, e.g. 9248 x 6936) is refused from its
 header, before any pixel is decoded. The EXIF orientation is applied, so a phone photo is not seen sideways; an
 animated GIF, APNG or WebP gives its first frame; a large JPEG is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling)
 before the antialiased resize. Every way a file can fail (missing, a folder, empty, not an image, truncated,
@@ -18,6 +18,7 @@ corrupt, too large) is one ValueError naming the file. A PIL image is taken as i
 """
 from __future__ import annotations
 
+import io
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,8 @@ def load_image(image) -> Image.Image:
     """The input as an RGB PIL image of its own size."""
     if isinstance(image, (str, Path)):
         return _open(Path(image))
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return from_bytes(image)
     if isinstance(image, Image.Image):
         return _to_rgb(image)
     if hasattr(image, "detach") and hasattr(image, "cpu"):  # a torch tensor, without importing torch
@@ -56,8 +59,8 @@ def load_image(image) -> Image.Image:
         return _from_array(array)
     if isinstance(image, np.ndarray):
         return _from_array(image)
-    raise ValueError(f"cannot read an image from a {type(image).__name__}; give a file path, a PIL image, "
-                     f"a numpy array or a torch tensor")
+    raise ValueError(f"cannot read an image from a {type(image).__name__}; give a file path, the bytes of an image "
+                     f"file, a PIL image, a numpy array or a torch tensor")
 
 
 def to_uint8(image, resample: Image.Resampling = RESAMPLE) -> np.ndarray:
@@ -85,14 +88,26 @@ def _open(path: Path) -> Image.Image:
         raise ValueError(f"{path} is not a file; give an image file")
     if path.stat().st_size == 0:
         raise ValueError(f"{path} is empty (0 bytes); give an image file")
-    with _decoding(path):
-        image = Image.open(path)  # reads the header only
+    return _decode(path, path)
+
+
+def from_bytes(data: bytes, name: str = "the image data") -> Image.Image:
+    """The image file held in `data` (an upload, say) as an RGB PIL image; errors name it `name`."""
+    if len(data) == 0:
+        raise ValueError(f"{name} is empty (0 bytes); give an image file")
+    return _decode(io.BytesIO(data), name)
+
+
+def _decode(source, name) -> Image.Image:
+    """An image file (a path, or a file object) checked from its header, then decoded as RGB; errors name `name`."""
+    with _decoding(name):
+        image = Image.open(source)  # reads the header only
     with image:
         width, height = image.size
         if width * height > MAX_PIXELS:
-            raise ValueError(f"{path} is {width} x {height} = {width * height:,} pixels, over the limit of "
+            raise ValueError(f"{name} is {width} x {height} = {width * height:,} pixels, over the limit of "
                              f"{MAX_PIXELS:,}; downscale it (the model sees 32 x 32)")
-        with _decoding(path):
+        with _decoding(name):
             image.seek(0)  # an animated GIF, APNG or WebP: its first frame
             image.draft(None, (DRAFT_FACTOR * SIZE, DRAFT_FACTOR * SIZE))  # a no-op for all but JPEG
             ImageOps.exif_transpose(image, in_place=True)  # in place: a 64 MP picture is not copied once more
@@ -100,7 +115,7 @@ def _open(path: Path) -> Image.Image:
 
 
 @contextmanager
-def _decoding(path: Path):
+def _decoding(path):
     """Whatever Pillow raises on a bad file (OSError, SyntaxError, EOFError, ValueError, struct.error, MemoryError,
     ... depending on the format's plugin) becomes one ValueError naming the file."""
     try:
