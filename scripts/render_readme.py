@@ -105,8 +105,59 @@ def predict_block() -> str:
     return "```\n" + printed + "```"
 
 
+def serve_block() -> str:
+    """results/serve-bench.json, written by scripts/bench_serve.py: batched against unbatched per concurrency."""
+    path = RESULTS / "serve-bench.json"
+    if not path.exists():
+        return ("Not measured yet: `python scripts/bench_serve.py` writes `results/serve-bench.json`, and "
+                "`scripts/render_readme.py` renders it here.")
+    bench = json.loads(path.read_text())
+    env, servers, summary = bench["environment"], bench["servers"], bench["summary"]
+    batching = servers["batched"]["batching"]
+    unbatched = {level["concurrency"]: level for level in servers["unbatched"]["levels"]}
+    ratios = {row["concurrency"]: row["ratio"] for row in summary["levels"]}
+
+    def ms(level):
+        return " / ".join("n/a" if level[k] is None else f"{level[k]:.1f}" for k in ("p50_ms", "p95_ms", "p99_ms"))
+
+    lines = [f"Release {bench['model']} on {env['processor']} ({env['cpu_count']} cores, torch {env['torch']}, uvicorn "
+             f"{env['versions']['uvicorn']}); {bench['requests_per_level']:,} requests per level, each a "
+             f"{bench['image']['sent']} of {bench['image']['bytes']:,} bytes, from the script's own client on the same "
+             f"cores ({bench['client']['tool']}, one connection per concurrent client). Batched: up to {batching['max_batch']} images "
+             f"per forward pass, waiting at most {batching['max_wait_ms']:g} ms for them; unbatched: one.", "",
+             "| concurrency | batched req/s | unbatched req/s | ratio | p50 / p95 / p99 ms, batched | "
+             "p50 / p95 / p99 ms, unbatched | errors, batched / unbatched | mean batch |", "|---:|---:|---:|---:|---|---|---:|---:|"]
+    for level in servers["batched"]["levels"]:
+        c, u = level["concurrency"], unbatched.get(level["concurrency"])
+        ratio = "n/a" if ratios.get(c) is None else f"{ratios[c]:.2f}x"
+        other = (f"{u['req_per_s']:,.0f}", ms(u), f" / {u['errors']:,}") if u else ("n/a", "n/a", "")
+        lines.append(f"| {c} | {level['req_per_s']:,.0f} | {other[0]} | {ratio} | {ms(level)} | {other[1]} | "
+                     f"{level['errors']:,}{other[2]} | {level['batches']['mean_size']:.2f} |")
+    lines.append("")
+    if "overload" in servers:
+        goal, after = summary["goals"]["overload"], servers["overload"]["after"]
+        lines.append(f"- Overload (queue of {goal['max_queue']} images, concurrency {goal['concurrency']}): "
+                     f"{100 * goal['share_503']:.1f}% of {goal['requests']:,} requests answered 503, those with a "
+                     f"p99 of {goal['p99_503_ms']:.1f} ms (the 200s: {goal['p99_200_ms']:.1f} ms); "
+                     f"{goal['other_errors']} other errors; afterwards /healthz {after['healthz']}, /readyz "
+                     f"{after['readyz']}, a prediction {after['predict']}.")
+    if "soak" in servers["batched"]:
+        soak = servers["batched"]["soak"]
+        rss = soak["rss_mib"]
+        lines.append(f"- Soak (batched, concurrency {soak['concurrency']}, {soak['seconds']:.0f} s): "
+                     f"{soak['requests']:,} requests ({soak['req_per_s']:,.0f} req/s), {soak['errors']:,} errors, "
+                     f"the worst p99 of its {soak['chunk_s']:g} s runs "
+                     f"{soak['worst_chunk_p99_ms']:.1f} ms; RSS {rss['start']:.0f} -> {rss['end']:.0f} MiB "
+                     f"({rss['growth_pct']:+.1f}%, at most {rss['max']:.0f} MiB).")
+    starts = "; ".join(f"{name} {server['start_s']:.1f} s and {server['ready_memory']['rss_mib']:.0f} MiB (peak "
+                       f"{server['final_memory']['peak_rss_mib']:.0f} MiB)" for name, server in servers.items())
+    lines.append(f"- Start, from launch to the ready line, and RSS then: {starts}.")
+    lines.append(f"- Written by `{bench['command']}`.")
+    return "\n".join(lines)
+
+
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
-          "releases": releases_block, "inference": inference_block, "predict": predict_block}
+          "releases": releases_block, "inference": inference_block, "predict": predict_block, "serve": serve_block}
 
 
 def main() -> None:

@@ -1,0 +1,486 @@
+"""Load-test `cifarkit serve` on loopback, batched against unbatched, and write results/serve-bench.json.
+
+    python scripts/bench_serve.py                        # B; 20,000 requests per level at 1 16 64 256; 5-minute soak
+    python scripts/bench_serve.py --requests 2000 --soak-s 0        # a quick look, a minute or two
+
+The client is this script: asyncio (uvloop where installed), one HTTP/1.1 keep-alive connection per concurrent client,
+as browsers, requests.Session and httpx keep theirs, each sending its share of exactly --requests back to back: POST
+/v1/predict with a 32 x 32 PNG as the raw body, in one write; then the answer's head and exactly Content-Length bytes.
+Latency: from just before the write to the last byte. A socket failure (reset, EOF, no answer in 60 s) is an error of
+its kind, and the client reconnects, as after a `Connection: close`. It shares the server's cores, at about 0.05 ms of
+CPU per request at concurrency 64 (0.13 ms at 1; 5% of a core at 1,000 req/s), recorded per level next to the
+server's CPU. Run it alone: the JSON keeps the load average it started from.
+
+One server at a time: batched (`--max-batch 64`), unbatched (`--max-batch 1`), overload (batched, `--max-queue 32`,
+concurrency 256). Each: the time from launch to its ready line, RSS then; 500 warm-up requests; the levels; the
+batched one then soaks (concurrency 64, `--soak-s`, in runs of ~10 s, RSS sampled every 2 s); overload must answer
+/healthz, /readyz and a prediction afterwards; SIGTERM. Per level: req/s; latency percentiles overall and per status;
+errors (all but 200s); /metrics deltas; RSS, peak RSS and CPU from /proc. A missed goal is reported, never an exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import io
+import json
+import os
+import re
+import resource
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+try:
+    from uvloop import run as run_loop
+except ImportError:
+    run_loop = asyncio.run
+
+ROOT = Path(__file__).resolve().parent.parent
+READY = re.compile(r"cifarkit serve: ready at (http://\S+) with .*\(([\d.]+) s after the command started\)")
+PREDICT = "/v1/predict"
+START_TIMEOUT_S, STOP_TIMEOUT_S = 180, 60
+REQUEST_TIMEOUT_S = 60  # past the server's own timeout (504 after 10 s): a slow answer is an answer, not a failure
+WARMUP_CONCURRENCY, SOAK_CONCURRENCY, OVERLOAD_CONCURRENCY = 16, 64, 256
+SOAK_CHUNK_S = 10  # the soak is a series of runs this long, so a drift shows in its time series
+RSS_EVERY_S = 2
+VERSIONS = ("cifarkit", "fastapi", "starlette", "uvicorn", "httptools", "uvloop", "prometheus-client")
+
+# The issue's goals, for version B on this 2-core CPU.
+GOAL_CONCURRENCY = 64  # the level the goals below are read at: busy, not overloaded
+GOAL_REQ_PER_S = 1000  # the throughput the server was built for
+GOAL_P99_MS = 100  # an answer still feels immediate at that load
+GOAL_REQUESTS = 20_000  # enough that the p99 rests on 200 requests
+GOAL_RATIO = 2.5  # batching must pay for its wait: req/s over the unbatched server's, same concurrency
+GOAL_503_P99_MS = 100  # "overload answers 503 quickly": a refusal is no slower than a normal answer
+GOAL_SOAK_S = 300  # long enough for a leak of a few bytes per request to show
+GOAL_SOAK_RSS_PCT = 10  # RSS growth from the soak's first sample to its last: no leak
+
+
+def proc(pid: int) -> dict:
+    """RSS and peak RSS in MiB and CPU seconds from /proc; None where the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f) if k in ("VmRSS", "VmHWM")}
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = f.read().rpartition(")")[2].split()[11:13]  # utime, stime
+    except OSError:
+        return {"rss_mib": None, "peak_rss_mib": None, "cpu_s": None}
+    return {"rss_mib": round(kib["VmRSS"] / 1024, 1), "peak_rss_mib": round(kib["VmHWM"] / 1024, 1),
+            "cpu_s": sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")}
+
+
+def scrub(text: str) -> str:
+    for path, name in ((str(ROOT), "."), (sys.prefix, "VENV"), (os.path.expanduser("~"), "~")):
+        text = text.replace(path, name)
+    return text
+
+
+class Server:
+    """`python -m cifarkit serve --port 0 ARGS`, ready. Its output goes to a file: a pipe left unread would fill up
+    and stall it, and a file needs no reader thread."""
+
+    def __init__(self, args: list[str]):
+        self.log = tempfile.TemporaryFile()
+        launched = time.perf_counter()
+        self.process = subprocess.Popen([sys.executable, "-m", "cifarkit", "serve", "--port", "0", *args],
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+        self.pid = self.process.pid
+        while not (ready := READY.search(self.output())) and self.process.poll() is None \
+                and time.perf_counter() - launched < START_TIMEOUT_S:
+            time.sleep(0.01)
+        self.start_s = time.perf_counter() - launched
+        if not ready:
+            self.process.kill()
+            raise SystemExit(f"bench_serve: error: `cifarkit serve {' '.join(args)}` was not ready within "
+                             f"{START_TIMEOUT_S} s:\n" + scrub(self.output())[-3000:])
+        self.url, self.reported_start_s, self.ready_memory = ready[1], float(ready[2]), proc(self.pid)
+
+    def output(self) -> str:
+        # pread leaves alone the file offset the server writes at.
+        return os.pread(self.log.fileno(), os.fstat(self.log.fileno()).st_size, 0).decode(errors="replace")
+
+    def get(self, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "image/png"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except OSError as e:
+            return 0, str(e).encode()
+
+    def metrics(self) -> dict | None:
+        """Every sample of /metrics, (name, labels) -> value; None when it does not answer."""
+        status, body = self.get("/metrics")
+        return None if status != 200 else {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(body.decode()) for sample in family.samples}
+
+    def stop(self) -> dict:
+        started, killed = time.perf_counter(), False
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            killed = True
+        lines = scrub(self.output()).splitlines()
+        self.log.close()
+        return {"exit_code": self.process.returncode, "stop_s": round(time.perf_counter() - started, 2),
+                "killed": killed, "said_stopped": any("cifarkit serve: stopped" in line for line in lines),
+                "log_lines": len(lines), "problems": [line for line in lines if re.search(
+                    r"ERROR|CRITICAL|Traceback|WARNING|Exception", line)][:10]}
+
+
+def metrics_delta(before: dict | None, after: dict | None, model: str) -> dict:
+    """What the server counted between two scrapes of /metrics."""
+    delta = {key: value - before.get(key, 0.0) for key, value in after.items()} if before and after else {}
+
+    def samples(name: str, **match) -> list[tuple[dict, float]]:
+        return [(dict(lb), v) for (n, lb), v in delta.items() if n == name and match.items() <= dict(lb).items()]
+
+    def total(name: str, **match) -> float:
+        return sum(v for _, v in samples(name, **match))
+
+    distribution, below, low = {}, 0.0, 1
+    for bound, count in sorted((float(lb["le"]), v) for lb, v in samples("cifarkit_batch_size_bucket", model=model)):
+        label = f">{low - 1}" if bound == float("inf") else f"{low}" if low >= bound else f"{low}-{bound:.0f}"
+        if round(count - below):
+            distribution[label] = round(count - below)
+        below, low = count, low if bound == float("inf") else int(bound) + 1
+    batches = round(total("cifarkit_batch_size_count", model=model))
+    answered = total("cifarkit_http_request_duration_seconds_count", endpoint=PREDICT)
+    statuses = sorted(samples("cifarkit_http_requests_total", endpoint=PREDICT), key=lambda s: s[0]["status"])
+    return {
+        **({} if delta else {"scrape_failed": True}),
+        "statuses": {lb["status"]: round(v) for lb, v in statuses if round(v)},
+        "batches": {"count": batches, "distribution": distribution, "mean_size":
+                    round(total("cifarkit_batch_size_sum", model=model) / batches, 2) if batches else None},
+        "images": {lb["outcome"]: round(v) for lb, v in samples("cifarkit_images_total", model=model) if round(v)},
+        # From the app's first look at a request to its answer: no connect, no wait to be accepted or parsed. Its
+        # histogram's buckets are too coarse for percentiles; the mean is exact.
+        "server_latency": {"count": round(answered), "mean_ms": round(1000 * total(
+            "cifarkit_http_request_duration_seconds_sum", endpoint=PREDICT) / answered, 2) if answered else None},
+    }
+
+
+def read_head(head: bytes) -> tuple[int, int, bool]:
+    """Status, Content-Length and whether the server closes the connection."""
+    lines = head[:-4].split(b"\r\n")
+    fields = {key.strip().lower(): value.strip() for key, _, value in (line.partition(b":") for line in lines[1:])}
+    if b"content-length" not in fields:
+        raise ValueError("an answer without Content-Length")
+    return int(lines[0].split()[1]), int(fields[b"content-length"]), fields.get(b"connection") == b"close"
+
+
+def latency_figures(seconds: list[float]) -> dict:
+    ms = 1000 * np.asarray(seconds)
+    figures = [*np.percentile(ms, [50, 95, 99]), ms.max(), ms.mean()] if len(ms) else [None] * 5
+    return {"count": len(ms), **{k: v if v is None else round(float(v), 2)
+                                 for k, v in zip(("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms"), figures)}}
+
+
+def load(url: str, model: str, body: bytes, requests: int, concurrency: int) -> dict:
+    """Exactly `requests` POSTs of `body` from `concurrency` keep-alive clients at once, and what came of them."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    request = (f"POST {PREDICT}?model={model} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: image/png\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    shares = [requests // concurrency + (i < requests % concurrency) for i in range(min(concurrency, requests))]
+    answers: list[tuple[int, float]] = []
+    failures: Counter[str] = Counter()
+
+    async def connect():
+        reader, writer = await asyncio.open_connection(host, int(port))
+        # Or a request may wait out the peer's delayed ACK (Nagle), some 40 ms.
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return reader, writer
+
+    async def client(count: int, connection):
+        for _ in range(count):
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    if connection is None:
+                        connection = await connect()
+                    reader, writer = connection
+                    started = time.perf_counter()
+                    writer.write(request)
+                    status, length, close = read_head(await reader.readuntil(b"\r\n\r\n"))
+                    await reader.readexactly(length)
+                answers.append((status, time.perf_counter() - started))
+            except (OSError, EOFError, ValueError, asyncio.LimitOverrunError) as e:  # TimeoutError is an OSError
+                failures[type(e).__name__] += 1  # IncompleteReadError: EOF
+                close = True
+            if close and connection:
+                connection[1].close()
+                connection = None
+        if connection:
+            connection[1].close()
+
+    async def run() -> tuple[float, float]:
+        # Connected before the clock starts; a client whose connect failed retries on its first request.
+        connections = await asyncio.gather(*(connect() for _ in shares), return_exceptions=True)
+        # RUSAGE_SELF: in the soak, it also counts the RSS sampler thread, idle nearly all the time.
+        cpu, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        await asyncio.gather(*(client(n, None if isinstance(c, BaseException) else c)
+                               for n, c in zip(shares, connections)))
+        wall, done = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF)
+        return wall, done.ru_utime + done.ru_stime - cpu.ru_utime - cpu.ru_stime
+
+    wall, cpu = run_loop(run())
+    statuses = Counter(status for status, _ in answers)
+    return {"requests": requests, "concurrency": concurrency, "wall_s": round(wall, 3), "complete": len(answers),
+            "req_per_s": round(len(answers) / wall, 1), "answers": {str(s): statuses[s] for s in sorted(statuses)},
+            "failures": dict(failures), "errors": requests - statuses[200],
+            **latency_figures([t for _, t in answers]),
+            "by_status": {str(s): latency_figures([t for code, t in answers if code == s]) for s in sorted(statuses)},
+            "client_cpu_s": round(cpu, 3), "client_cpu_ms_per_request": round(1000 * cpu / requests, 4)}
+
+
+def measure(server: Server, model: str, body: bytes, requests: int, concurrency: int) -> dict:
+    """load(), and what the server's /metrics and /proc say of it."""
+    before, cpu = server.metrics(), proc(server.pid)["cpu_s"]
+    level = load(server.url, model, body, requests, concurrency)
+    after = proc(server.pid)
+    used = None if cpu is None or after["cpu_s"] is None else round(after["cpu_s"] - cpu, 2)
+    level.update(metrics_delta(before, server.metrics(), model), server_cpu_s=used,
+                 server_cpu_ms_per_request=None if used is None else round(1000 * used / requests, 3),
+                 rss_mib=after["rss_mib"], peak_rss_mib=after["peak_rss_mib"])
+    if server.process.poll() is not None:
+        level["server_exited"] = server.process.returncode
+    return level
+
+
+def soak(server: Server, model: str, body: bytes, seconds: float, rate: float) -> dict:
+    """Load for about `seconds` in runs of about SOAK_CHUNK_S at `rate`, RSS sampled all along."""
+    samples, chunks, stop, started = [], [], threading.Event(), time.perf_counter()
+
+    def sample():
+        if (rss := proc(server.pid)["rss_mib"]) is not None:
+            samples.append([round(time.perf_counter() - started, 1), rss])
+
+    def sampler():
+        while not stop.wait(RSS_EVERY_S):
+            sample()
+
+    sample()
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    while (left := seconds - (time.perf_counter() - started)) > 0.05 * min(seconds, SOAK_CHUNK_S):
+        count = max(SOAK_CONCURRENCY, round(rate * min(SOAK_CHUNK_S, left)))
+        run = measure(server, model, body, count, SOAK_CONCURRENCY)
+        rate = run["req_per_s"] or rate
+        chunks.append({"at_s": round(time.perf_counter() - started, 1), **{k: run[k] for k in (
+            "requests", "errors", "failures", "req_per_s", "p50_ms", "p99_ms", "max_ms", "client_cpu_s", "server_cpu_s",
+            "statuses")}, "mean_batch": run["batches"]["mean_size"]})
+        sample()
+        if run["complete"] == 0:  # the server is gone: more runs would only add errors
+            break
+    duration = time.perf_counter() - started
+    stop.set()
+    thread.join()
+    sample()
+    first, last, top = samples[0][1], samples[-1][1], max(rss for _, rss in samples)
+    requests, errors = sum(c["requests"] for c in chunks), sum(c["errors"] for c in chunks)
+    return {"seconds": round(duration, 1), "concurrency": SOAK_CONCURRENCY, "chunk_s": SOAK_CHUNK_S,
+            "requests": requests, "errors": errors,
+            "req_per_s": round((requests - errors) / duration, 1),
+            "worst_chunk_p99_ms": max((c["p99_ms"] for c in chunks if c["p99_ms"] is not None), default=None),
+            **{k: round(sum(c[k] or 0 for c in chunks), 2) for k in ("client_cpu_s", "server_cpu_s")},
+            "rss_mib": {"start": first, "end": last, "max": top, "growth_pct": round(100 * (last - first) / first, 2)},
+            "peak_rss_mib": proc(server.pid)["peak_rss_mib"], "rss_samples": samples, "chunks": chunks}
+
+
+def run_server(name: str, args: list[str], levels: list[int], options, body: bytes, soak_s: float = 0,
+               after_check: bool = False) -> dict:
+    print(f"{name}: starting `cifarkit serve {' '.join(args)}`", flush=True)
+    server, model = Server(args), options.model
+    record = {"command": "python -m cifarkit serve --port 0 " + " ".join(args), "start_s": round(server.start_s, 2),
+              "start_s_reported_by_server": server.reported_start_s, "ready_memory": server.ready_memory}
+    try:
+        status, answer = server.get("/v1/models")
+        if status == 200:
+            served = next(m for m in json.loads(answer)["models"] if m["name"] == model)
+            record["served"] = {k: served[k] for k in ("name", "source", "model", "backend", "weights_sha256")}
+            record["batching"] = json.loads(answer)["batching"]
+        if options.warmup:
+            warm = load(server.url, model, body, options.warmup, WARMUP_CONCURRENCY)
+            record["warmup"] = {k: warm[k] for k in ("requests", "concurrency", "errors", "req_per_s")}
+        record["levels"] = []
+        for concurrency in levels:
+            record["levels"].append(lv := measure(server, model, body, options.requests, concurrency))
+            print(f"{name} at concurrency {concurrency}: {lv['req_per_s']:,.0f} req/s, p99 {fmt(lv['p99_ms'])} ms, "
+                  f"answers {lv['answers']}, failures {lv['failures']}", flush=True)
+        if after_check:
+            health, ready = server.get("/healthz")[0], server.get("/readyz")[0]
+            predict, answer = server.get(f"{PREDICT}?model={model}", body)
+            record["after"] = {"healthz": health, "readyz": ready, "predict": predict,
+                               "label": json.loads(answer)["predictions"][0]["label"] if predict == 200 else None,
+                               "alive": (health, ready, predict) == (200, 200, 200) and server.process.poll() is None}
+        if soak_s > 0:
+            rate = next((lv["req_per_s"] for lv in record["levels"] if lv["concurrency"] == SOAK_CONCURRENCY),
+                        record["levels"][-1]["req_per_s"] if record["levels"] else 0)
+            print(f"{name}: soak for {soak_s:g} s", flush=True)
+            record["soak"] = soak(server, model, body, soak_s, rate or 500)
+        record["final_memory"] = proc(server.pid)
+    finally:
+        record.update(server.stop())
+    return record
+
+
+def verdict(goal: dict) -> dict:
+    return {**goal, "met": all(v for k, v in goal.items() if k.endswith("_met"))}
+
+
+def summarize(servers: dict) -> dict:
+    batched = {lv["concurrency"]: lv for lv in servers["batched"]["levels"]}
+    unbatched = {lv["concurrency"]: lv for lv in servers["unbatched"]["levels"]}
+    ratios = {c: round(b["req_per_s"] / u["req_per_s"], 2) if (u := unbatched.get(c)) and u["req_per_s"] else None
+              for c, b in batched.items()}
+    rows = [{"concurrency": c, "batched_req_per_s": b["req_per_s"], "ratio": ratios[c],
+             "unbatched_req_per_s": unbatched[c]["req_per_s"] if c in unbatched else None} for c, b in batched.items()]
+    goals = {}
+    if lv := batched.get(GOAL_CONCURRENCY):
+        ratio = ratios[GOAL_CONCURRENCY]
+        goals[f"concurrency_{GOAL_CONCURRENCY}"] = verdict({
+            "requests": lv["requests"], "requests_met": lv["requests"] >= GOAL_REQUESTS,
+            "req_per_s": lv["req_per_s"], "req_per_s_met": lv["req_per_s"] >= GOAL_REQ_PER_S,
+            "p99_ms": lv["p99_ms"], "p99_met": lv["p99_ms"] is not None and lv["p99_ms"] <= GOAL_P99_MS,
+            "errors": lv["errors"], "errors_met": lv["errors"] == 0,
+            "ratio": ratio, "ratio_met": ratio is not None and ratio >= GOAL_RATIO})
+    if over := servers.get("overload"):
+        lv = over["levels"][0]
+        refused = lv["by_status"].get("503", {"count": 0, "p99_ms": None})
+        goals["overload"] = verdict({
+            "concurrency": lv["concurrency"], "max_queue": over.get("batching", {}).get("max_queue"),
+            "requests": lv["requests"], "responses_503": refused["count"],
+            "share_503": round(refused["count"] / lv["requests"], 4), "refused_met": refused["count"] > 0,
+            "p99_503_ms": refused["p99_ms"],
+            "p99_503_met": refused["p99_ms"] is not None and refused["p99_ms"] <= GOAL_503_P99_MS,
+            "p99_200_ms": lv["by_status"].get("200", {}).get("p99_ms"),
+            "other_errors": lv["errors"] - refused["count"], "other_errors_met": lv["errors"] == refused["count"],
+            "alive_after_met": over["after"]["alive"], "exit_code_met": over["exit_code"] == 0})
+    if s := servers["batched"].get("soak"):
+        goals["soak"] = verdict({
+            "seconds": s["seconds"], "seconds_met": s["seconds"] >= GOAL_SOAK_S, "requests": s["requests"],
+            "rss_growth_pct": s["rss_mib"]["growth_pct"],
+            "rss_growth_met": s["rss_mib"]["growth_pct"] < GOAL_SOAK_RSS_PCT,
+            "errors": s["errors"], "errors_met": s["errors"] == 0})
+    constants = {name.removeprefix("GOAL_").lower(): v for name, v in globals().items() if name.startswith("GOAL_")}
+    return {"levels": rows, "goals": goals, "goal_constants": constants}
+
+
+def fmt(value, spec=".1f", unit="") -> str:
+    return "n/a" if value is None else format(value, spec) + unit
+
+
+def table(report: dict) -> str:
+    lines = ["| server | concurrency | requests | req/s | vs unbatched | p50 / p95 / p99 / max ms | errors | 503s "
+             "(their p99 ms) | mean batch | CPU ms/request, client / server | RSS MiB |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    ratios = {r["concurrency"]: r["ratio"] for r in report["summary"]["levels"]}
+    for name, server in report["servers"].items():
+        for lv in server["levels"]:
+            refused = lv["by_status"].get("503")
+            lines.append(" | ".join([
+                f"| {name}", str(lv["concurrency"]), f"{lv['requests']:,}", f"{lv['req_per_s']:,.0f}",
+                fmt(ratios.get(lv["concurrency"]), ".2f", "x") if name == "batched" else "",
+                " / ".join(fmt(lv[k]) for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")), f"{lv['errors']:,}",
+                f"{refused['count']:,} ({refused['p99_ms']:.1f})" if refused else "0",
+                fmt(lv["batches"]["mean_size"], ".2f"),
+                f"{lv['client_cpu_ms_per_request']:.3f} / {fmt(lv['server_cpu_ms_per_request'], '.3f')}",
+                fmt(lv["rss_mib"], ".0f") + " |"]))
+    lines += ["", "- start (launch to ready), RSS then, peak RSS, exit code on SIGTERM: " + "; ".join(
+        f"{name} {s['start_s']:.2f} s, {s['ready_memory']['rss_mib']:.0f} MiB, "
+        f"{fmt(s.get('final_memory', {}).get('peak_rss_mib'), '.0f')} MiB, {s['exit_code']}"
+        for name, s in report["servers"].items())]
+    if s := report["servers"]["batched"].get("soak"):
+        rss = s["rss_mib"]
+        lines.append(f"- soak: {s['requests']:,} requests at concurrency {s['concurrency']} in {s['seconds']:.0f} s "
+                     f"({s['req_per_s']:,.0f} req/s), {s['errors']} errors, worst {SOAK_CHUNK_S} s run's p99 "
+                     f"{fmt(s['worst_chunk_p99_ms'])} ms, RSS {rss['start']:.0f} -> {rss['end']:.0f} MiB "
+                     f"({rss['growth_pct']:+.1f}%, max {rss['max']:.0f})")
+    for name, goal in report["summary"]["goals"].items():
+        missed = [k.removesuffix("_met") for k, v in goal.items() if k.endswith("_met") and not v]
+        lines.append(f"- goal {name}: {'met' if goal['met'] else 'missed: ' + ', '.join(missed)}")
+    return "\n".join(lines)
+
+
+def prepare_image(path: Path) -> tuple[bytes, dict]:
+    """The body of every request: the image box-reduced to 32 x 32, as cifarkit's preprocessing reduces it, PNG."""
+    from PIL import Image
+    from cifarkit.files import portable
+    with Image.open(path) as im:
+        source = {"source": portable(path), "source_format": im.format, "source_size": list(im.size)}
+        buffer = io.BytesIO()
+        im.convert("RGB").resize((32, 32), Image.Resampling.BOX).save(buffer, "PNG")
+    raw = buffer.getvalue()
+    return raw, {**source, "sent": "32 x 32 PNG", "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="B", help="the release to serve")
+    parser.add_argument("--requests", type=int, default=20_000, help="per load level")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256], help="clients at once")
+    parser.add_argument("--max-batch", type=int, default=64, help="of the batched servers")
+    parser.add_argument("--serve-args", default="", help="more `cifarkit serve` options, e.g. '--max-wait-ms 5'")
+    parser.add_argument("--warmup", type=int, default=500, help="unrecorded requests to each server first")
+    parser.add_argument("--overload-queue", type=int, default=32, help="--max-queue of the overload server; 0: none")
+    parser.add_argument("--soak-s", type=float, default=300, help="seconds of load on the batched server; 0: none")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "serve-bench.json", help="the JSON to write")
+    args = parser.parse_args(argv)
+    if min(args.requests, args.max_batch, *args.concurrency) < 1 or min(args.warmup, args.soak_s,
+                                                                        args.overload_queue) < 0:
+        parser.error("--requests, --max-batch and --concurrency must be at least 1, the others at least 0")
+
+    from importlib.metadata import distributions
+    from cifarkit.device import report as environment
+    from cifarkit.files import portable, write_json
+    common = ["--model", args.model, *shlex.split(args.serve_args)]
+    load_before = os.getloadavg()
+    body, image = prepare_image(ROOT / "examples" / "images" / "cat.png")
+    batched = common + ["--max-batch", str(args.max_batch)]
+    servers = {"batched": run_server("batched", batched, args.concurrency, args, body, soak_s=args.soak_s),
+               "unbatched": run_server("unbatched", common + ["--max-batch", "1"], args.concurrency, args, body)}
+    if args.overload_queue:
+        servers["overload"] = run_server("overload", batched + ["--max-queue", str(args.overload_queue)],
+                                         [OVERLOAD_CONCURRENCY], args, body, after_check=True)
+    installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in distributions()}
+    report = {
+        # Paths as the project writes them: never one of this machine.
+        "command": " ".join(["python scripts/bench_serve.py", *(shlex.quote(re.sub(
+            r"^(--[\w-]+=)?(/.*)", lambda m: (m[1] or "") + portable(m[2]), word)) for word in argv)]),
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "environment": {**environment(), "cpu_count": os.cpu_count(), "load_average_before": [
+            round(x, 2) for x in load_before], "versions": {name: installed.get(name) for name in VERSIONS}},
+        "client": {"tool": f"Python asyncio{' on uvloop' if run_loop is not asyncio.run else ''}, HTTP/1.1 keep-alive",
+                   "latency": "from just before a request's write to the last byte of its answer",
+                   "cpu": "getrusage(RUSAGE_SELF): the client, and in the soak its RSS sampler thread"},
+        "model": args.model, "image": image, "requests_per_level": args.requests,
+        "warmup": {"requests": args.warmup, "concurrency": WARMUP_CONCURRENCY}, "servers": servers,
+    }
+    report["summary"] = summarize(servers)
+    write_json(args.out, report)
+    print("\n" + table(report) + f"\n\nwrote {portable(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
