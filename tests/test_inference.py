@@ -6,7 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from cifarkit import Classifier, data, preprocess
+from cifarkit import Classifier, checkpoint, data, preprocess
+from cifarkit.inference import release_dir
 from cifarkit.cli import main
 
 
@@ -142,3 +143,17 @@ def test_predict_command_reports_each_image_and_fails_only_the_bad_ones(released
     assert "error" in results[1] and "bad.png" in captured.err
     assert main(["predict", "--model", str(released), str(good)]) == 0
     assert capsys.readouterr().out.startswith(f"{good}: ")
+
+
+def test_bf16_backend_gives_autocasts_logits_bit_for_bit():
+    """The torch-bf16 backend casts its layers' weights once; autocast over the fp32 weights must agree exactly."""
+    classifier = Classifier.load("B", backend="torch-bf16")
+    model, _ = checkpoint.load_weights(release_dir("B") / "model.safetensors")
+    model = model.eval().to(memory_format=torch.channels_last)
+    pixels = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+    inputs = torch.from_numpy(preprocess.normalize(pixels, classifier.mean, classifier.std))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(inputs.contiguous(memory_format=torch.channels_last)).float()
+    assert next(model.parameters()).dtype == torch.float32
+    assert {p.dtype for p in classifier.model.parameters()} == {torch.bfloat16, torch.float32}  # BatchNorm: fp32
+    assert torch.equal(classifier.logits(pixels), expected)
