@@ -404,7 +404,10 @@ def table(report: dict) -> str:
                 fmt(lv["batches"]["mean_size"], ".2f"),
                 f"{lv['client_cpu_ms_per_request']:.3f} / {fmt(lv['server_cpu_ms_per_request'], '.3f')}",
                 fmt(lv["rss_mib"], ".0f") + " |"]))
-    lines += ["", "- start (launch to ready), RSS then, peak RSS, exit code on SIGTERM: " + "; ".join(
+    alone = report["model_alone"]
+    lines += ["", f"- the model alone in the same run ({alone['backend']}, {alone['threads']} threads): " + ", ".join(
+        f"{alone[f'batch_{size}_images_per_s']:,.0f} img/s at batch {size}" for size in (1, 32, 64))]
+    lines += ["- start (launch to ready), RSS then, peak RSS, exit code on SIGTERM: " + "; ".join(
         f"{name} {s['start_s']:.2f} s, {s['ready_memory']['rss_mib']:.0f} MiB, "
         f"{fmt(s.get('final_memory', {}).get('peak_rss_mib'), '.0f')} MiB, {s['exit_code']}"
         for name, s in report["servers"].items())]
@@ -432,6 +435,25 @@ def prepare_image(path: Path) -> tuple[bytes, dict]:
     return raw, {**source, "sent": "32 x 32 PNG", "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
+def model_alone(model: str) -> dict:
+    """img/s of the served model's forward pass alone, in this process, at the batch sizes the server runs: this
+    machine's speed at the time of the run, the ceiling the server's req/s is to be read against."""
+    import torch
+    from cifarkit.inference import Classifier
+    classifier = Classifier.load(model)
+    figures = {"backend": classifier.backend, "threads": torch.get_num_threads()}
+    for size in (1, 32, 64):
+        pixels = np.zeros((size, 32, 32, 3), np.uint8)
+        classifier.logits(pixels)
+        times = []
+        for _ in range(7):
+            started = time.perf_counter()
+            classifier.logits(pixels)
+            times.append(time.perf_counter() - started)
+        figures[f"batch_{size}_images_per_s"] = round(size / float(np.median(times)), 1)
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
@@ -456,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--model", args.model, *shlex.split(args.serve_args)]
     load_before = os.getloadavg()
     body, image = prepare_image(ROOT / "examples" / "images" / "cat.png")
+    reference = model_alone(args.model)
     batched = common + ["--max-batch", str(args.max_batch)]
     servers = {"batched": run_server("batched", batched, args.concurrency, args, body, soak_s=args.soak_s),
                "unbatched": run_server("unbatched", common + ["--max-batch", "1"], args.concurrency, args, body)}
@@ -473,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         "client": {"tool": f"Python asyncio{' on uvloop' if run_loop is not asyncio.run else ''}, HTTP/1.1 keep-alive",
                    "latency": "from just before a request's write to the last byte of its answer",
                    "cpu": "getrusage(RUSAGE_SELF): the client, and in the soak its RSS sampler thread"},
-        "model": args.model, "image": image, "requests_per_level": args.requests,
+        "model": args.model, "model_alone": reference, "image": image, "requests_per_level": args.requests,
         "warmup": {"requests": args.warmup, "concurrency": WARMUP_CONCURRENCY}, "servers": servers,
     }
     report["summary"] = summarize(servers)
