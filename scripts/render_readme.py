@@ -156,6 +156,19 @@ def serve_block() -> str:
         lines.append(f"- The model alone, timed in the same run ({alone['backend']}, {alone['threads']} threads), for the "
                      f"machine's speed at the time: " + ", ".join(f"{alone[f'batch_{n}_images_per_s']:,.0f} img/s at "
                                                                 f"batch {n}" for n in (1, 32, 64)) + ".")
+    def missed(goal: dict) -> str:
+        figures = []
+        for key, met in goal.items():
+            name = key.removesuffix("_met")
+            if key.endswith("_met") and not met:
+                value = goal.get(name, goal.get(f"{name}_ms"))
+                figures.append(f"{name.replace('_per_', '/').replace('_', ' ')} {value:,}" if value is not None
+                               else name.replace("_", " "))
+        return ", ".join(figures)
+
+    verdicts = [f"{name.replace('_', ' ')} " + ("met" if goal["met"] else f"missed ({missed(goal)})")
+                for name, goal in summary["goals"].items()]
+    lines.append(f"- The issue's goals in this run: {'; '.join(verdicts)}.")
     lines.append(f"- Written by `{bench['command']}`.")
     return "\n".join(lines)
 
