@@ -280,7 +280,7 @@ def soak(server: Server, model: str, body: bytes, seconds: float, rate: float) -
     sample()
     thread = threading.Thread(target=sampler, daemon=True)
     thread.start()
-    while (left := seconds - (time.perf_counter() - started)) > 0.05 * min(seconds, SOAK_CHUNK_S):
+    while (left := seconds - (time.perf_counter() - started)) > 0:  # at least `seconds`: the goal's length
         count = max(SOAK_CONCURRENCY, round(rate * min(SOAK_CHUNK_S, left)))
         run = measure(server, model, body, count, SOAK_CONCURRENCY)
         rate = run["req_per_s"] or rate
