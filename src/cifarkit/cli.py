@@ -295,10 +295,10 @@ def cmd_export(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from cifarkit.serve import API_KEY_ENV, ServeSettings, serve
+    from cifarkit.serve import ServeSettings, serve
     # The options left out keep ServeSettings' defaults, the one place they are set (and explained).
     given = {name: getattr(args, name) for name in SERVE_SETTINGS if getattr(args, name) is not None}
-    settings = ServeSettings(**given, verify=not args.no_verify, api_key=os.environ.get(API_KEY_ENV) or None)
+    settings = ServeSettings(**given, verify=not args.no_verify)
     serve(args.model, host=args.host, port=args.port, settings=settings, access_log=args.access_log)
 
 

@@ -75,7 +75,7 @@ class ServeSettings:
     threads: int | None = None
     backend: str = "auto"
     verify: bool = True
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default_factory=lambda: os.environ.get(API_KEY_ENV) or None, repr=False)
 
     @property
     def max_body_bytes(self) -> int:
@@ -127,14 +127,15 @@ def load_models(names: list[str], settings: ServeSettings) -> dict[str, Served]:
     served: dict[str, Served] = {}
     for text in names:
         path = release_dir(text)
-        name = text if not Path(text).exists() else path.resolve().name.removeprefix("version_")
+        given_path = Path(text).exists()  # else a version name, which names the model as it is
+        name = path.resolve().name.removeprefix("version_") if given_path else text
         if name.endswith(".safetensors"):
             name = Path(name).stem
         if name in served:
             raise CifarkitError(f"two models are named {name!r} ({served[name].source} and {text}); serve each "
                                 f"name once")
         classifier = Classifier.load(path, backend=settings.backend, verify=settings.verify)
-        served[name] = Served(name, classifier, path.name if Path(text).exists() else text)
+        served[name] = Served(name, classifier, path.name if given_path else text)
     return served
 
 
@@ -251,24 +252,21 @@ class Pipeline:
                 jobs = list(self._undecoded)
                 self._undecoded.clear()
                 self._decoding = len(jobs)
-            failed = []
+            failed = []  # (job, its refusal; None: its request timed out, and nobody waits for it)
             for job in jobs:
-                try:
-                    if not job.future.done():  # done already: its request timed out
+                refusal = None
+                if not job.future.done():
+                    try:
                         job.pixels = preprocess.to_uint8(preprocess.from_bytes(job.data, job.name))
-                except ValueError as e:
-                    failed.append((job, _Refused(422, str(e))))
-                    continue
+                    except ValueError as e:
+                        refusal = _Refused(422, str(e))
                 with self._lock:  # each image goes on at once, so the model thread can start while others decode
                     self._decoding -= 1
                     if job.pixels is None:
-                        failed.append((job, None))
+                        failed.append((job, refusal))
                     else:
                         self._decoded[job.model].append(job)
                     self._lock.notify_all()
-            with self._lock:
-                self._decoding = 0
-                self._lock.notify_all()
             if failed:
                 self.loop.call_soon_threadsafe(self._deliver, failed)
 
@@ -418,8 +416,9 @@ class Gate:
         return limited
 
 
-def create_app(models: dict[str, Served], settings: ServeSettings = ServeSettings()) -> FastAPI:
+def create_app(models: dict[str, Served], settings: ServeSettings | None = None) -> FastAPI:
     """The ASGI app serving `models` (name -> Served), loaded already; warmed when its lifespan starts."""
+    settings = settings or ServeSettings()
     if not models:
         raise CifarkitError("no model to serve; give one or more with --model")
     metrics = Metrics(settings.max_batch)
@@ -445,6 +444,7 @@ def create_app(models: dict[str, Served], settings: ServeSettings = ServeSetting
 
     app = FastAPI(title="cifarkit", version=__version__, lifespan=lifespan,
                   description="CIFAR-10 classifiers released by cifarkit. Errors are JSON: {\"detail\": \"...\"}.")
+
     def shed(scope) -> _Refused | None:
         """A prediction for a model whose queue is full already is refused at the door, before its body is read
         and before FastAPI sees it: under overload a 503 then costs a fraction of what an answer costs."""
@@ -487,17 +487,16 @@ def create_app(models: dict[str, Served], settings: ServeSettings = ServeSetting
         classes = models[name].classifier.classes
         answers = []
         for index, ((filename, _), outcome) in enumerate(zip(files, outcomes)):
-            if not isinstance(outcome, _Refused):
-                answers.append(_answer(index, outcome, classes, topk, filename if named else None))
-            elif len(files) == 1:
-                metrics.images.labels(name, "refused").inc()
-                raise outcome  # one image: its error is the request's
-            else:
+            if isinstance(outcome, _Refused):
                 answers.append({"index": index, "filename": filename,
                                 "error": {"status": outcome.status, "detail": outcome.detail}})
+            else:
+                answers.append(_answer(index, outcome, classes, topk, filename if named else None))
         failed = sum("error" in answer for answer in answers)
         metrics.images.labels(name, "ok").inc(len(answers) - failed)
         metrics.images.labels(name, "refused").inc(failed)
+        if len(files) == 1 and failed:
+            raise outcomes[0]  # one image: its error is the request's
         return JSONResponse({"model": name, "weights_sha256": models[name].classifier.weights_sha256,
                              "predictions": answers})
 
@@ -618,17 +617,17 @@ def serve(names: list[str], host: str = LOOPBACK, port: int = 8000, settings: Se
     """Load and verify the models, bind, warm them, say where it is ready, and serve until SIGTERM or Ctrl-C, which
     finish the requests in flight first."""
     started = time.perf_counter()
-    settings = settings or ServeSettings(api_key=os.environ.get(API_KEY_ENV) or None)
+    settings = settings or ServeSettings()
     models = load_models(names, settings)
     sock = bind(host, port)
-    if not sock.getsockname()[0].startswith("127.") and sock.getsockname()[0] != "::1":
+    bound_host, bound_port = sock.getsockname()[:2]
+    if not bound_host.startswith("127.") and bound_host != "::1":
         log.warning("listening on %s: other machines can reach this server%s", host,
                     "" if settings.api_key else f"; set {API_KEY_ENV} to require a key")
     config = uvicorn.Config(create_app(models, settings), log_level="warning", access_log=access_log,
                             timeout_graceful_shutdown=int(settings.timeout_s) + 1, lifespan="on",
                             proxy_headers=False)  # no proxy in front by default: X-Forwarded-* are not trusted
     server = uvicorn.Server(config)
-    bound_host, bound_port = sock.getsockname()[:2]
 
     stopped_by = []
 
