@@ -405,8 +405,8 @@ def table(report: dict) -> str:
                 f"{lv['client_cpu_ms_per_request']:.3f} / {fmt(lv['server_cpu_ms_per_request'], '.3f')}",
                 fmt(lv["rss_mib"], ".0f") + " |"]))
     alone = report["model_alone"]
-    lines += ["", f"- the model alone in the same run ({alone['backend']}, {alone['threads']} threads): " + ", ".join(
-        f"{alone[f'batch_{size}_images_per_s']:,.0f} img/s at batch {size}" for size in (1, 32, 64))]
+    lines += ["", f"- the model alone in the same run ({alone['backend']}, traced, {alone['threads']} thread(s)): "
+              + ", ".join(f"{alone[f'batch_{size}_images_per_s']:,.0f} img/s at batch {size}" for size in (1, 32, 64))]
     lines += ["- start (launch to ready), RSS then, peak RSS, exit code on SIGTERM: " + "; ".join(
         f"{name} {s['start_s']:.2f} s, {s['ready_memory']['rss_mib']:.0f} MiB, "
         f"{fmt(s.get('final_memory', {}).get('peak_rss_mib'), '.0f')} MiB, {s['exit_code']}"
@@ -436,12 +436,15 @@ def prepare_image(path: Path) -> tuple[bytes, dict]:
 
 
 def model_alone(model: str) -> dict:
-    """img/s of the served model's forward pass alone, in this process, at the batch sizes the server runs: this
-    machine's speed at the time of the run, the ceiling the server's req/s is to be read against."""
+    """img/s of the served model's forward pass alone, in this process, as a server with the default settings runs
+    it (traced, on its threads), at the batch sizes it runs: this machine's speed at the time of the run, the
+    ceiling the server's req/s is to be read against."""
     import torch
     from cifarkit.inference import Classifier
-    classifier = Classifier.load(model)
-    figures = {"backend": classifier.backend, "threads": torch.get_num_threads()}
+    from cifarkit.serve import ServeSettings
+    torch.set_num_threads(ServeSettings().model_threads())
+    classifier = Classifier.load(model, traced=True)
+    figures = {"backend": classifier.backend, "traced": True, "threads": torch.get_num_threads()}
     for size in (1, 32, 64):
         pixels = np.zeros((size, 32, 32, 3), np.uint8)
         classifier.logits(pixels)

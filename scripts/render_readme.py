@@ -153,9 +153,9 @@ def serve_block() -> str:
                        f"{server['final_memory']['peak_rss_mib']:.0f} MiB)" for name, server in servers.items())
     lines.append(f"- Start, from launch to the ready line, and RSS then: {starts}.")
     if alone := bench.get("model_alone"):
-        lines.append(f"- The model alone, timed in the same run ({alone['backend']}, {alone['threads']} threads), for the "
-                     f"machine's speed at the time: " + ", ".join(f"{alone[f'batch_{n}_images_per_s']:,.0f} img/s at "
-                                                                f"batch {n}" for n in (1, 32, 64)) + ".")
+        speeds = ", ".join(f"{alone[f'batch_{n}_images_per_s']:,.0f} img/s at batch {n}" for n in (1, 32, 64))
+        lines.append(f"- The model alone, timed in the same run ({alone['backend']}, traced, {alone['threads']} "
+                     f"thread(s)), for the machine's speed at the time: {speeds}.")
     def missed(goal: dict) -> str:
         figures = []
         for key, met in goal.items():

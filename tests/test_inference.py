@@ -157,3 +157,15 @@ def test_bf16_backend_gives_autocasts_logits_bit_for_bit():
     assert next(model.parameters()).dtype == torch.float32
     assert {p.dtype for p in classifier.model.parameters()} == {torch.bfloat16, torch.float32}  # BatchNorm: fp32
     assert torch.equal(classifier.logits(pixels), expected)
+
+
+@pytest.mark.parametrize("backend", ["torch-fp32", "torch-bf16"])
+def test_a_traced_classifier_gives_the_eager_logits_bit_for_bit_at_any_batch_size(backend):
+    """The server runs traced models (no GIL between layers); it must answer what the release measured."""
+    eager = Classifier.load("B", backend=backend)
+    traced = Classifier.load("B", backend=backend, traced=True)
+    assert isinstance(traced.model, torch.jit.ScriptModule) and not isinstance(eager.model, torch.jit.ScriptModule)
+    rng = np.random.default_rng(1)
+    for size in (1, 5, 64):  # traced on 2 images: the batch size must not be baked into the graph
+        pixels = rng.integers(0, 256, (size, 32, 32, 3), dtype=np.uint8)
+        assert torch.equal(traced.logits(pixels), eager.logits(pixels))

@@ -454,7 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a request not answered in this time gets 504 (default: 10)")
     p.add_argument("--max-body-mb", type=_bounded(0.001, kind=float),
                    help="larger request bodies get 413 before they are read (default: 10)")
-    p.add_argument("--threads", type=_bounded(1), help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--threads", type=_bounded(1),
+                   help="torch intra-op threads of the model thread (default: one per core but one, which the event "
+                        "loop and the image decoding take)")
     p.add_argument("--backend", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"),
                    help="auto: the one each release's metrics.json recommends (default: auto)")
     p.add_argument("--no-verify", action="store_true",

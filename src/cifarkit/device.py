@@ -69,10 +69,11 @@ def precision_problem(name: str, device: torch.device) -> str | None:
     return None
 
 
-def autocast(device: torch.device, precision: Precision):
+def autocast(device: torch.device, precision: Precision, cache: bool = True):
+    """`cache=False` while tracing: a cast that autocast caches would be missing from the traced graph."""
     if precision.autocast_dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=precision.autocast_dtype)
+    return torch.autocast(device.type, dtype=precision.autocast_dtype, cache_enabled=cache)
 
 
 def configure(device: torch.device) -> None:

@@ -40,7 +40,6 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
-from starlette.routing import Route
 
 from cifarkit import __version__, preprocess
 from cifarkit.errors import CifarkitError
@@ -52,6 +51,7 @@ WEB = resources.files("cifarkit") / "web"
 API_KEY_ENV = "CIFARKIT_API_KEY"
 LOOPBACK = "127.0.0.1"
 RAW_TYPES = ("image/", "application/octet-stream")  # a raw body of these types is one image file
+PREDICT = "/v1/predict"
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,9 @@ class ServeSettings:
     timeout_s: float = 10.0
     max_body_mb: float = 10.0  # a larger request body is refused (413) before it is read
     max_images: int = 64  # images in one multipart request
-    # torch's intra-op threads; None: torch's own (one per core). Measured while tuning on 2 cores, at concurrency
-    # 64: 826 req/s with two threads, 664 with one (which leaves a core to the event loop, but halves the model).
+    # torch's intra-op threads; None: torch's own (one per core) but one, the core left to the event loop and the
+    # decode thread. On 2 cores, at concurrency 64, in an interleaved run: 1,284 req/s with one thread, 1,010 with
+    # two, whose team stalls whenever the loop takes one of their cores.
     threads: int | None = None
     backend: str = "auto"
     verify: bool = True
@@ -80,6 +81,9 @@ class ServeSettings:
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 2**20)
+
+    def model_threads(self) -> int:
+        return self.threads or max(1, torch.get_num_threads() - 1)
 
 
 class _Refused(Exception):
@@ -134,7 +138,9 @@ def load_models(names: list[str], settings: ServeSettings) -> dict[str, Served]:
         if name in served:
             raise CifarkitError(f"two models are named {name!r} ({served[name].source} and {text}); serve each "
                                 f"name once")
-        classifier = Classifier.load(path, backend=settings.backend, verify=settings.verify)
+        # Traced: a forward pass then holds the GIL only to start and to end, not between its layers, so the event
+        # loop and the decode thread no longer slow it down (see Classifier).
+        classifier = Classifier.load(path, backend=settings.backend, verify=settings.verify, traced=True)
         served[name] = Served(name, classifier, path.name if given_path else text)
     return served
 
@@ -264,9 +270,14 @@ class Pipeline:
                     self._decoding -= 1
                     if job.pixels is None:
                         failed.append((job, refusal))
+                        decoded = 0
                     else:
                         self._decoded[job.model].append(job)
-                    self._lock.notify_all()
+                        decoded = len(self._decoded[job.model])
+                    # Woken only when what it waits for may have changed (a first image, a full batch, the end of
+                    # decoding): woken per image, the model thread took the GIL from the others 60 times per batch.
+                    if decoded in (1, self.settings.max_batch) or not self._decoding:
+                        self._lock.notify_all()
             if failed:
                 self.loop.call_soon_threadsafe(self._deliver, failed)
 
@@ -292,8 +303,8 @@ class Pipeline:
         return next(size for size in self.shapes if size >= count)
 
     def _model_loop(self) -> None:
-        if self.settings.threads:
-            torch.set_num_threads(self.settings.threads)  # here: OpenMP keeps the setting per calling thread
+        # Here: OpenMP keeps the setting per calling thread.
+        torch.set_num_threads(self.settings.model_threads())
         # Warm up on this thread, the one that will run the models: OpenMP starts its thread team, and oneDNN builds
         # and caches its kernels, on a thread's first forward pass of each shape.
         for served in self.models.values():
@@ -344,7 +355,7 @@ def _answer(index: int, scores: tuple[list[float], list[int]], classes, topk: in
 
 def _endpoint(path: str) -> str:
     """The metrics label of a path: the API's routes by name, everything else as one (bounded cardinality)."""
-    if path in ("/v1/predict", "/v1/models", "/healthz", "/readyz", "/metrics", "/"):
+    if path in (PREDICT, "/v1/models", "/healthz", "/readyz", "/metrics", "/"):
         return path
     return "static" if path.startswith("/static/") else "other"
 
@@ -352,9 +363,11 @@ def _endpoint(path: str) -> str:
 class Gate:
     """ASGI middleware in front of every route: the API key on /v1, the body limit, and the request metrics."""
 
-    def __init__(self, app, settings: ServeSettings, metrics: Metrics, shed):
-        """`shed(scope)`: the refusal of a request that cannot be served now, decided from its head alone."""
-        self.app, self.settings, self.metrics, self.shed = app, settings, metrics, shed
+    def __init__(self, app, settings: ServeSettings, metrics: Metrics, shed, predict):
+        """`shed(scope)`: the refusal of a request that cannot be served now, decided from its head alone.
+        `predict`: the ASGI app of /v1/predict, called from here, past FastAPI's exception middleware and router:
+        in a profile under load, they took a third of the time spent from here to the answer."""
+        self.app, self.settings, self.metrics, self.shed, self.predict = app, settings, metrics, shed, predict
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -372,7 +385,8 @@ class Gate:
                 response = JSONResponse({"detail": refused.detail}, refused.status, refused.headers)
                 await response(scope, receive, send_and_record)
                 return
-            await self.app(scope, self._limited(receive), send_and_record)
+            app = self.predict if scope["path"] == PREDICT else self.app
+            await app(scope, self._limited(receive), send_and_record)
         finally:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
@@ -449,25 +463,25 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
         """A prediction for a model whose queue is full already is refused at the door, before its body is read
         and before FastAPI sees it: under overload a 503 then costs a fraction of what an answer costs."""
         pipeline = state["pipeline"]
-        if scope["path"] != "/v1/predict" or pipeline is None or pipeline.has_room():
+        if scope["path"] != PREDICT or pipeline is None or pipeline.has_room():
             return None
         name = parse_qs(scope["query_string"].decode("latin-1")).get("model", [default_model])[0]
         return pipeline.no_room(name, 1)
 
-    app.add_middleware(Gate, settings=settings, metrics=metrics, shed=shed)
+    for exception in (HTTPException, _Refused, Exception):
+        app.add_exception_handler(exception, _error_answer)
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request, exc: HTTPException):
-        return JSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
+    async def predict_app(scope, receive, send):
+        request = Request(scope, receive)
+        try:
+            if request.method != "POST":
+                raise _Refused(405, f"{PREDICT} takes POST", {"Allow": "POST"})
+            response = await predict(request)
+        except Exception as e:
+            response = await _error_answer(request, e)
+        await response(scope, receive, send)
 
-    @app.exception_handler(_Refused)
-    async def refused(request, exc: _Refused):
-        return JSONResponse({"detail": exc.detail}, exc.status, exc.headers)
-
-    @app.exception_handler(Exception)
-    async def crashed(request, exc: Exception):  # a bug of ours: still a JSON answer, and the traceback in the log
-        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); see the server's log"}, 500)
+    app.add_middleware(Gate, settings=settings, metrics=metrics, shed=shed, predict=predict_app)
 
     async def predict(request: Request) -> Response:
         name = request.query_params.get("model") or default_model
@@ -500,14 +514,12 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
         return JSONResponse({"model": name, "weights_sha256": models[name].classifier.weights_sha256,
                              "predictions": answers})
 
-    # A Starlette route, with its query read by hand: FastAPI's request handler (dependency solving, parameter
-    # validation) took a quarter of the event loop's time per prediction under load. openapi() documents it.
-    app.router.routes.append(Route("/v1/predict", predict, methods=["POST"]))
-
+    # Its query is read by hand: FastAPI's request handler (dependency solving, parameter validation) took a quarter
+    # of the event loop's time per prediction under load. openapi() documents it.
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            schema["paths"]["/v1/predict"] = {"post": {
+            schema["paths"][PREDICT] = {"post": {
                 "summary": "Classify one or several images", "operationId": "predict", **_PREDICT_DOC,
                 "responses": {str(status): response for status, response in _PREDICT_RESPONSES.items()}}}
             app.openapi_schema = schema
@@ -540,6 +552,16 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
 
     app.mount("/static", StaticFiles(directory=str(WEB)), name="static")
     return app
+
+
+async def _error_answer(request: Request, exc: Exception) -> JSONResponse:
+    """The JSON answer of an exception, for every route: {"detail": "..."} with its status and headers."""
+    if isinstance(exc, _Refused):
+        return JSONResponse({"detail": exc.detail}, exc.status, exc.headers)
+    if isinstance(exc, HTTPException):
+        return JSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)  # a bug of ours: the traceback too
+    return JSONResponse({"detail": f"internal error ({type(exc).__name__}); see the server's log"}, 500)
 
 
 async def _read_images(request: Request, settings: ServeSettings) -> tuple[list[tuple[str, bytes]], bool]:
