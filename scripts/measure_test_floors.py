@@ -1,6 +1,7 @@
 """Measure the accuracy floors that the tests assert, and write them to results/test-floors.json.
 
     python scripts/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz
+    python scripts/measure_test_floors.py --real-data PATH --only fast-2-epochs-2-ranks-sample   # one check again
 
 A test that says "this training learns" needs a floor, and a floor must be measured, not guessed. Each check below
 is run here exactly as its test runs it (same recipe, overrides and data), over several seeds; the floor is the
@@ -9,6 +10,7 @@ worst seed minus a margin. The tests read their settings and floors from the JSO
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -38,6 +40,11 @@ TRAINING_CHECKS = {
     # test_learning.py (real data only): cifar10net, 2 epochs on 5,000 real training images, all 10,000 test images
     "cifar10net-2-epochs-real-5000": {"recipe": "cifar10net", "overrides": ["train.epochs=2", "data.subset=5000"],
                                       "data": "real"},
+    # test_distributed.py: the fast recipe on 2 gloo ranks (`cifarkit train --nproc 2`), 2 epochs of 1,000 of the
+    # sample's training images, without TTA: four such runs must fit in the suite's time
+    "fast-2-epochs-2-ranks-sample": {"recipe": "fast", "overrides": ["train.epochs=2", "train.batch_size=100",
+                                                                     "data.subset=1000", "train.tta=false"],
+                                     "data": "sample", "nproc": 2},
 }
 
 
@@ -50,12 +57,15 @@ def _use_home(folder: Path, real_data: str | None) -> None:
 
 
 def measure_training(name: str, check: dict, scratch: Path) -> dict:
-    from cifarkit import train
-    from cifarkit.config import load_recipe
+    from cifarkit.cli import main
     accuracies = []
     for seed in SEEDS:
-        summary = train.run(load_recipe(check["recipe"], check["overrides"] + [f"train.seed={seed}"]),
-                            out=scratch / f"{name}-seed{seed}")
+        out = scratch / f"{name}-seed{seed}"
+        settings = [arg for text in check["overrides"] + [f"train.seed={seed}"] for arg in ("--set", text)]
+        if main(["train", "--recipe", check["recipe"], *settings, "--nproc", str(check.get("nproc", 1)),
+                 "--out", str(out)]):
+            raise SystemExit(f"measure_test_floors: {name} seed {seed} failed")
+        summary = json.loads((out / "summary.json").read_text())
         accuracies.append(summary["test_acc"])
         print(f"{name} seed {seed}: {100 * summary['test_acc']:.2f}%", flush=True)
     return {**check, "seeds": list(SEEDS), "test_acc": accuracies, "mean": statistics.fmean(accuracies),
@@ -83,14 +93,19 @@ def measure_releases() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real-data", required=True, help="the real cifar-10-python.tar.gz (for the real-data check)")
+    parser.add_argument("--only", nargs="+", choices=TRAINING_CHECKS, metavar="CHECK",
+                        help="measure these training checks again, and keep the others' figures as they are")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="test-floors-"))
     try:
         sample_home, real_home = scratch / "sample-home", scratch / "real-home"
         sample_home.mkdir()
         shutil.copy(FIXTURE, sample_home / "cifar10.safetensors")
-        checks = {}
+        kept = json.loads(TARGET.read_text()) if args.only else {}
+        checks = {name: figures for name, figures in kept.get("training", {}).items() if name in TRAINING_CHECKS}
         for name, check in TRAINING_CHECKS.items():
+            if args.only and name not in args.only:
+                continue
             real = check["data"] == "real"
             _use_home(real_home if real else sample_home, args.real_data if real else None)
             checks[name] = measure_training(name, check, scratch)
@@ -98,11 +113,16 @@ def main() -> None:
 
         from cifarkit import device
         from cifarkit.files import write_json
+        measured = {"measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "environment": device.report(torch.device("cpu"))}
+        for name in checks:  # when each check was measured, and where: they may differ once --only was used
+            if args.only is None or name in args.only:
+                checks[name] = {**checks[name], **measured}
         write_json(TARGET, {
             "command": "python scripts/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz",
-            "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "environment": device.report(torch.device("cpu")),
-            "training": checks, "releases": measure_releases(),
+            **(kept if args.only else measured),
+            "training": {name: checks[name] for name in TRAINING_CHECKS if name in checks},
+            "releases": kept["releases"] if args.only else measure_releases(),
         })
         print(f"wrote {TARGET.relative_to(ROOT)}")
     finally:

@@ -173,8 +173,25 @@ def serve_block() -> str:
     return "\n".join(lines)
 
 
+def scaling_block() -> str:
+    bench = json.loads((RESULTS / "bench-scaling-cpu.json").read_text())
+    env, result = bench["environment"], bench["scaling"]
+    lines = [f"{env['processor']}, {env['threads']} cores, torch {env['torch']}; `{result['model']}` in "
+             f"{result['mode']}, global batch {result['batch_size']}, median of {result['rounds']} interleaved rounds "
+             f"of {result['steps']} steps, each count launched by torchrun (`{bench['command']}`).", "",
+             "| processes | training img/s | speed-up | efficiency |", "|---:|---:|---:|---:|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['processes']} | {row['images_per_s']:,.0f} | {row['speedup']:.2f}x | "
+                     f"{100 * row['efficiency']:.0f}% |")
+    seconds = result["eval_images"] / result["eval_images_per_s"]
+    lines += ["", f"Rank 0 evaluates alone: {result['eval_images_per_s']:,.0f} img/s, {seconds:.1f} s per pass over "
+                  f"{result['eval_images']:,} test images, during which the other ranks wait."]
+    return "\n".join(lines)
+
+
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
-          "releases": releases_block, "inference": inference_block, "predict": predict_block, "serve": serve_block}
+          "releases": releases_block, "inference": inference_block, "predict": predict_block, "serve": serve_block,
+          "scaling": scaling_block}
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ import json
 import pickle
 import shutil
 import tarfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,17 @@ FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
 # Accuracy floors, each measured over five seeds by `python scripts/measure_test_floors.py`, with the settings the
 # tests must use to meet them.
 FLOORS = json.loads((Path(__file__).parent.parent / "results" / "test-floors.json").read_text())
+
+
+@contextmanager
+def sample_home(home: Path):
+    """CIFARKIT_HOME set to `home`, which gets the committed sample as its cache, for in-process calls and child
+    processes alike; yields the MonkeyPatch, for more."""
+    shutil.copy(FIXTURE, home / "cifar10.safetensors")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CIFARKIT_HOME", str(home))
+        patch.delenv("CIFARKIT_DATA", raising=False)
+        yield patch
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ def test_fp16_steps_with_a_grad_scaler_lower_the_loss():
         with torch.no_grad():
             return torch.nn.functional.cross_entropy(model(inputs), labels).item()
     before = loss()
-    train_one_epoch(state, [(inputs, labels)] * 4, 4, 16, ClassificationLoss(), torch.device("cpu"),
+    train_one_epoch(state, [[(inputs, labels)]] * 4, 4, 16, ClassificationLoss(), torch.device("cpu"),
                     PRECISIONS["fp16"], grad_clip=1.0)
     assert loss() < before and state.scaler.get_scale() == 2.0**16  # no step overflowed and none was skipped
 
@@ -83,7 +83,7 @@ def test_training_batches_are_made_on_the_datas_device():
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     loader = data.TrainLoader(images, torch.arange(64) % 10, batch_size=32, cfg=DataConfig(), seed=0,
                               memory_format=torch.channels_last)
-    for inputs, labels in loader.epoch(1):
+    for [(inputs, labels)] in loader.epoch(1):
         assert inputs.device == images.device and labels.device == images.device
         assert inputs.dtype == torch.float32 and inputs.is_contiguous(memory_format=torch.channels_last)
 

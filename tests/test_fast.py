@@ -39,7 +39,7 @@ def test_alternating_flip_mirrors_each_image_the_other_way_every_epoch():
 
     def flipped_in(epoch):
         state = {}
-        for x, y in loader.epoch(epoch):
+        for [(x, y)] in loader.epoch(epoch):
             for img, label in zip(x, y):
                 original = images[label].float()
                 assert torch.equal(img, original) or torch.equal(img, original.flip(2))

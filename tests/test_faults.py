@@ -7,7 +7,6 @@ that existed as it was. Run with `-s` to see the fault matrix.
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import torch
 
 from cifarkit import data, release
 from cifarkit.cli import main
-from conftest import FIXTURE
+from conftest import sample_home
 
 CHILD = Path(__file__).with_name("fault_child.py")
 # Three short epochs with a validation split and TTA, so every stage of a run exists: checkpoints, selection on
@@ -34,10 +33,7 @@ TIMING_KEYS = {"epoch_time_s", "images_per_s", "elapsed_s", "wall_time_s", "trai
 def home(tmp_path_factory):
     """A CIFARKIT_HOME holding the committed real-data sample, for in-process calls and child processes alike."""
     home = tmp_path_factory.mktemp("faults-home")
-    shutil.copy(FIXTURE, home / data.CACHE_NAME)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CIFARKIT_HOME", str(home))
-        patch.delenv("CIFARKIT_DATA", raising=False)
+    with sample_home(home) as patch:
         # In-process releases measure their speed briefly; what is tested here is where their files end up.
         patch.setattr(release, "INFERENCE_ROUNDS", 1)
         patch.setattr(release, "SECONDS_PER_SAMPLE", 0.05)

@@ -154,6 +154,9 @@ def _overrides(args) -> list[str]:
 def cmd_train(args) -> None:
     from cifarkit import train
     from cifarkit.config import load_recipe
+    if args.nproc > 1:
+        _launch_train(args)
+        return
     if args.resume:
         if args.recipe or args.out or _overrides(args):
             raise CifarkitError("--resume continues a run exactly as configured; drop the other options")
@@ -161,6 +164,19 @@ def cmd_train(args) -> None:
         return
     recipe = load_recipe(args.recipe or DEFAULT_RECIPE, _overrides(args))
     train.run(recipe, out=Path(args.out) if args.out else None)
+
+
+def _launch_train(args) -> None:
+    """`train --nproc N`: this same command on N processes under torchrun, with --out fixed first so that every rank
+    names the same run folder."""
+    from cifarkit import distributed, train
+    from cifarkit.config import load_recipe
+    given = args.argv[args.argv.index("train") + 1:]
+    argv = [t for i, t in enumerate(given) if t != "--nproc" and not t.startswith("--nproc=")
+            and (i == 0 or given[i - 1] != "--nproc")]
+    if not args.resume and not args.out:
+        argv += ["--out", str(train.default_out(load_recipe(args.recipe or DEFAULT_RECIPE, _overrides(args))))]
+    distributed.launch(args.nproc, argv)
 
 
 def cmd_eval(args) -> None:
@@ -178,12 +194,23 @@ def cmd_eval(args) -> None:
 
 
 def cmd_bench(args) -> None:
+    from cifarkit import distributed
     from cifarkit.benchmark import train_throughput
     from cifarkit.device import describe, pick_device, report
     from cifarkit.files import write_json
     from cifarkit.models import names
-    device = pick_device(args.device)
-    rows = train_throughput(args.models or names(), args.modes, device, args.batch_size, args.steps, args.rounds)
+    if args.nproc:
+        _bench_scaling(args)
+        return
+    group = distributed.launched()  # under torchrun: one of the processes `--nproc` measures
+    device = distributed.init(group, pick_device(args.device), None)
+    try:
+        rows = train_throughput(args.models or names(), args.modes, device, args.batch_size, args.steps, args.rounds,
+                                group)
+    finally:
+        distributed.finish(group)
+    if not group.writes:
+        return
     env = report(device)
     print("\n".join(describe(env)))
     print(f"\ntraining throughput, batch {args.batch_size}, median of {_plural(args.rounds, 'round')} of "
@@ -194,6 +221,27 @@ def cmd_bench(args) -> None:
     if args.json:
         write_json(args.json, {"environment": env, "batch_size": args.batch_size, "steps": args.steps,
                                "rounds": args.rounds, "results": rows})
+        print(f"wrote {args.json}")
+
+
+def _bench_scaling(args) -> None:
+    from cifarkit.benchmark import scaling
+    from cifarkit.device import describe, pick_device, report
+    from cifarkit.files import write_json
+    device = pick_device(args.device)
+    model, mode = (args.models or ["fastnet"])[0], args.modes[-1]
+    result = scaling(args.nproc, model, mode, device, args.batch_size, args.steps, args.rounds)
+    env = report(device)
+    print("\n".join(describe(env)))
+    print(f"\ndata-parallel scaling of {model} ({mode}), global batch {args.batch_size}, median of "
+          f"{_plural(args.rounds, 'round')} of {_plural(args.steps, 'step')}, each count launched by torchrun")
+    print("| processes | img/s | speed-up | efficiency |\n|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        print(f"| {r['processes']} | {r['images_per_s']:.0f} | {r['speedup']:.2f}x | {100 * r['efficiency']:.0f}% |")
+    print(f"evaluation on rank 0 alone: {result['eval_images_per_s']:.0f} img/s, "
+          f"{result['eval_images'] / result['eval_images_per_s']:.1f} s per pass over {result['eval_images']:,} images")
+    if args.json:
+        write_json(args.json, {"environment": env, "command": "cifarkit " + " ".join(args.argv), "scaling": result})
         print(f"wrote {args.json}")
 
 
@@ -366,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_options(p)
     p.add_argument("--out", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--nproc", type=_bounded(1), default=1, metavar="N",
+                   help="train on N processes of this machine, through torchrun: data-parallel, one GPU each on CUDA "
+                        "(default: 1)")
     p.set_defaults(func=cmd_train)
 
     p = _command(sub, "eval", "test accuracy, per-class accuracy and confusion matrix of trained weights")
@@ -403,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="interleaved rounds; the table shows each configuration's median (default: 3)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA, then MPS, then the CPU")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--nproc", type=_bounded(1), nargs="+", metavar="N",
+                   help="measure data-parallel scaling instead: the first model (default fastnet) in the last mode, "
+                        "on N processes each, launched by torchrun")
     p.set_defaults(func=cmd_bench)
 
     p = _command(sub, "release", "package a finished run as a versioned release folder, or check one")
@@ -475,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args.func(args)
         sys.stdout.flush()  # a reader that has gone away shows here, not in the flush at exit that prints a traceback
@@ -493,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    line = f"cifarkit: error: {message}"
+    rank = os.environ.get("RANK", "0")
+    line = f"cifarkit: error: {'' if rank == '0' else f'[rank {rank}] '}{message}"
     if sys.stderr.isatty():
         # A progress bar that Ctrl-C cut short as it was being drawn or cleared may still hold the terminal's line:
         # write over all of it, as tqdm itself does.

@@ -82,6 +82,11 @@ class TrainConfig:
     channels_last: bool = True
     compile: bool = False
     eval_every: int = 1  # evaluate on val/test every N epochs (the last epoch is always evaluated)
+    # Micro-batches per step: batch_size / (processes x accumulate_steps) images each, their gradients summed into
+    # one step; the same step as the whole batch at once (up to BatchNorm), in less memory.
+    accumulate_steps: int = 1
+    dist_backend: str | None = None  # torch.distributed backend under torchrun; None: nccl on CUDA, gloo otherwise
+    sync_bn: bool = False  # SyncBatchNorm across the ranks (CUDA only); off: each rank normalizes its own shard
 
 
 @dataclass
@@ -111,6 +116,7 @@ CHOICES = {
     "schedule.name": ("constant", "cosine", "linear", "onecycle", "step"),
     "train.device": ("auto", "cuda", "mps", "cpu"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "train.dist_backend": (None, "gloo", "nccl"),
     "data.augment.autoaugment": (None, "cifar10", "imagenet", "svhn"),
 }
 
@@ -177,6 +183,7 @@ def _apply(obj, updates: dict, prefix: str = "") -> None:
 def _check_ranges(recipe: Recipe) -> None:
     positive = {"train.epochs": recipe.train.epochs, "train.batch_size": recipe.train.batch_size,
                 "optim.lr": recipe.optim.lr, "train.eval_every": recipe.train.eval_every,
+                "train.accumulate_steps": recipe.train.accumulate_steps,
                 "distill.temperature": recipe.distill.temperature}
     for key, value in positive.items():
         if value <= 0:

@@ -349,15 +349,22 @@ class TrainLoader:
 
     Epoch e's order and augmentations depend only on (seed, e), so a resumed run replays them exactly. Full
     batches only: the remainder is dropped, so every step has the same batch size (BatchNorm-friendly).
+
+    A batch can be cut into `shards` equal parts, for the ranks of a distributed run and the micro-batches of
+    gradient accumulation; this process takes the shards in `own`. Every process draws the same order from
+    (seed, epoch), and shard s is augmented from (seed, epoch, s) alone, so shard s holds the same images whichever
+    rank or micro-batch it goes to: 2 ranks see what 1 process accumulating 2 micro-batches sees. Shard 0 goes on
+    from the order's generator, which makes one shard the undivided batch of a one-process run.
     """
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, cfg: DataConfig, seed: int,
-                 memory_format=torch.contiguous_format):
+                 memory_format=torch.contiguous_format, shards: int = 1, own: range = range(1)):
         if len(images) < batch_size:
             raise CifarkitError(f"batch size {batch_size} exceeds the {len(images)} training images; "
                                 f"lower --batch-size or raise --subset")
         self.images, self.labels, self.batch_size = images, labels, batch_size
         self.cfg, self.seed, self.memory_format = cfg, seed, memory_format
+        self.shard_size, self.own = batch_size // shards, own
         self.steps_per_epoch = len(images) // batch_size
         # Alternating flip (Jordan 2024): random in the first epoch, then each image the other way every epoch,
         # so consecutive epochs see both mirror images instead of a coin toss.
@@ -365,13 +372,21 @@ class TrainLoader:
         self.first_epoch_flip = torch.rand(len(images), generator=first_flips, device=images.device) < 0.5
 
     def epoch(self, epoch: int):
-        generator = torch.Generator(device=self.images.device).manual_seed(self.seed * 100_003 + epoch)
-        order = torch.randperm(len(self.images), generator=generator, device=self.images.device)
+        """Each step's micro-batches of this process: a list of (inputs, labels), one per shard it owns."""
+        device = self.images.device
+        generator = torch.Generator(device=device).manual_seed(self.seed * 100_003 + epoch)
+        order = torch.randperm(len(self.images), generator=generator, device=device)
+        generators = {s: generator if s == 0 else torch.Generator(device=device).manual_seed(
+            int(np.random.SeedSequence([self.seed, epoch, s]).generate_state(1, np.uint64)[0])) for s in self.own}
         for step in range(self.steps_per_epoch):
-            idx = order[step * self.batch_size:(step + 1) * self.batch_size]
-            flip = self.first_epoch_flip[idx] ^ (epoch % 2 == 0) if self.cfg.augment.alternate_flip else None
-            inputs = augment(self.images[idx], self.cfg.augment, self.cfg.mean, self.cfg.std, generator, flip)
-            yield inputs.contiguous(memory_format=self.memory_format), self.labels[idx]
+            micro_batches = []
+            for s in self.own:
+                start = step * self.batch_size + s * self.shard_size
+                idx = order[start:start + self.shard_size]
+                flip = self.first_epoch_flip[idx] ^ (epoch % 2 == 0) if self.cfg.augment.alternate_flip else None
+                inputs = augment(self.images[idx], self.cfg.augment, self.cfg.mean, self.cfg.std, generators[s], flip)
+                micro_batches.append((inputs.contiguous(memory_format=self.memory_format), self.labels[idx]))
+            yield micro_batches
 
 
 def eval_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int):

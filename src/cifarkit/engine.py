@@ -1,9 +1,10 @@
 """One training epoch and one evaluation pass. They return metric dicts and touch no files."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, ContextManager, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from tqdm import tqdm
 
 from cifarkit.data import eval_batches, normalize
 from cifarkit.device import Precision, autocast
+from cifarkit.distributed import sum_over_ranks
 from cifarkit.errors import CifarkitError
 from cifarkit.optim import Lookahead
 
@@ -36,6 +38,10 @@ class TrainState:
     scaler: torch.amp.GradScaler
     ema: nn.Module | None
     lookahead: Lookahead | None = None
+    # The module's gradients are not averaged over the ranks inside this context (DDP's no_sync): the micro-batches
+    # of an accumulated step but the last. after_step: what follows every optimizer step (ranks' BatchNorm stats).
+    no_sync: Callable[[], ContextManager] = contextlib.nullcontext
+    after_step: Callable[[nn.Module], None] = lambda model: None
 
 
 class ClassificationLoss:
@@ -70,8 +76,10 @@ class DistillationLoss(ClassificationLoss):
 
 def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size: int, loss_fn: Callable,
                     device: torch.device, precision: Precision, grad_clip: float | None,
-                    description: str = "") -> dict:
-    """`batches` yields (normalized, augmented inputs, labels) already on the device."""
+                    description: str = "", progress: bool = True) -> dict:
+    """`batches` yields each step's micro-batches, a list of (normalized, augmented inputs, labels) on the device:
+    their gradients add up to one optimizer step, as if they were one batch. `batch_size`: images per step over all
+    ranks. The figures returned cover every rank's images."""
     state.model.train()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
@@ -79,33 +87,55 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
     start = time.perf_counter()
     # disable=None hides the bar when stderr is not a terminal (CI logs, pipes). Closed on the way out of an error or
     # a Ctrl-C too, so the one-line message that follows starts on a line of its own.
-    with tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True, disable=None,
-              leave=False) as bar:
-        for step, (inputs, labels) in enumerate(batches, 1):
-            with autocast(device, precision):
-                logits = state.forward(inputs)
-                loss = loss_fn(logits.float(), labels, inputs)
+    with tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True,
+              disable=None if progress else True, leave=False) as bar:
+        for step, micro_batches in enumerate(batches, 1):
             state.optimizer.zero_grad(set_to_none=True)
-            state.scaler.scale(loss).backward()
+            # Each micro-batch updates the BatchNorm statistics from where the step found them, and the step keeps
+            # their mean: what the ranks of a distributed run end a step with (distributed.average_buffers).
+            found = [b.clone() for b in state.model.buffers()] if len(micro_batches) > 1 else None
+            updated = []
+            for i, (inputs, labels) in enumerate(micro_batches, 1):
+                if found is not None:
+                    _set_buffers(state.model, found)
+                # The ranks average their gradients once a step, in the last micro-batch's backward pass.
+                with state.no_sync() if i < len(micro_batches) else contextlib.nullcontext():
+                    with autocast(device, precision):
+                        logits = state.forward(inputs)
+                        loss = loss_fn(logits.float(), labels, inputs)
+                    state.scaler.scale(loss / len(micro_batches)).backward()
+                loss_sum += loss.detach() * len(labels)
+                correct += (logits.argmax(1) == labels).sum()
+                seen += len(labels)
+                if found is not None:
+                    updated.append([b.clone() for b in state.model.buffers()])
+            if found is not None:
+                _set_buffers(state.model, [torch.stack(values).sum(0) / len(values) if values[0].is_floating_point()
+                                           else values[-1] for values in zip(*updated)])
             if grad_clip is not None:
                 state.scaler.unscale_(state.optimizer)
                 nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
             state.scaler.step(state.optimizer)
             state.scaler.update()
             state.scheduler.step()
+            state.after_step(state.model)
             if state.ema is not None:
                 state.ema.update_parameters(state.model)
             if state.lookahead is not None:
                 state.lookahead.step(state.model)
-            loss_sum += loss.detach() * len(labels)
-            correct += (logits.argmax(1) == labels).sum()
-            seen += len(labels)
-            bar.update(len(labels))
+            bar.update(batch_size)
             if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
                 _check_finite(loss_sum, step)
     seconds = time.perf_counter() - start
-    return {"train_loss": loss_sum.item() / seen, "train_acc": correct.item() / seen,
-            "epoch_time_s": seconds, "images_per_s": seen / seconds}
+    loss_total, correct_total, seen_total = sum_over_ranks(loss_sum, correct, torch.tensor(seen, device=device))
+    return {"train_loss": loss_total.item() / seen_total.item(), "train_acc": correct_total.item() / seen_total.item(),
+            "epoch_time_s": seconds, "images_per_s": seen_total.item() / seconds}
+
+
+def _set_buffers(model: nn.Module, values: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for buffer, value in zip(model.buffers(), values):
+            buffer.copy_(value)
 
 
 def _check_finite(loss_sum: torch.Tensor, step: int) -> None:

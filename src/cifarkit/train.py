@@ -5,6 +5,7 @@ summary.json. The test set is only ever measured; when a checkpoint is chosen, i
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shlex
@@ -17,7 +18,7 @@ import torch
 import yaml
 
 import cifarkit
-from cifarkit import checkpoint, data, models, plots
+from cifarkit import checkpoint, data, distributed, models, plots
 from cifarkit.config import Recipe, recipe_from_dict, to_dict
 from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
 from cifarkit.engine import ClassificationLoss, DistillationLoss, DivergenceError, TrainState, evaluate, train_one_epoch
@@ -63,6 +64,7 @@ class _Setup:
     device: torch.device
     precision: Precision
     memory_format: torch.memory_format
+    group: distributed.Group
     dataset: data.Cifar10
     loader: data.TrainLoader
     val: tuple[torch.Tensor, torch.Tensor]
@@ -72,31 +74,52 @@ class _Setup:
     run_info: dict
 
 
-def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | None = None) -> dict:
-    """Train a recipe into a run folder (or continue the one at `resume`) and return its summary."""
+def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | None = None) -> dict | None:
+    """Train a recipe into a run folder (or continue the one at `resume`) and return its summary.
+
+    Under torchrun, every rank calls this and trains its shard of each batch; rank 0 alone writes (and returns the
+    summary; the others return None). A group that torchrun restarts after a failure resumes the run in `out`.
+    """
     started = time.perf_counter()
+    group = distributed.launched()
+    if resume is None and out is not None and distributed.restarted() and (Path(out) / "config.yaml").exists():
+        resume = out
+    if resume is None and out is None and group.distributed and distributed.may_restart():
+        raise CifarkitError("a restarted group resumes its run from --out: give --out FOLDER with --max-restarts")
     resumed = None
     if resume is not None:
         out = Path(resume)
         recipe, resumed = _read_run(out)
-    else:
+        trained_by = resumed.get("world_size", 1) if resumed else group.world_size  # runs of 0.1: one process
+        if trained_by != group.world_size:
+            raise CifarkitError(f"{out} was trained by {trained_by} process(es) and this is {group.world_size}: its "
+                                f"batches were cut {trained_by} ways; resume it with {trained_by} (cifarkit train "
+                                f"--nproc {trained_by} --resume ...)")
+    elif group.writes:
         out = Path(out) if out is not None else default_out(recipe)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise CifarkitError(f"{out} already holds a run; continue it with --resume {out} or pick another --out")
-    setup = _prepare(recipe)
+    device = distributed.init(group, pick_device(recipe.train.device), recipe.train.dist_backend)
     try:
-        (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-        if not (out / "config.yaml").exists():  # first thing in the folder: from here on, --resume can continue it
-            write_text(out / "config.yaml",
-                       yaml.safe_dump({**to_dict(recipe), "run": setup.run_info}, sort_keys=False))
-        handler = _attach_log_file(out / "train.log")
-        try:
+        out = distributed.agree(group, out)
+        setup = _prepare(recipe, group, device)
+        if not group.writes:
             return _train(recipe, setup, out, resumed, started)
-        finally:
-            log.removeHandler(handler)
-            handler.close()
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(_interrupted(out)) from None
+        try:
+            (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+            if not (out / "config.yaml").exists():  # first thing in the folder: from here on, --resume continues it
+                write_text(out / "config.yaml",
+                           yaml.safe_dump({**to_dict(recipe), "run": setup.run_info}, sort_keys=False))
+            handler = _attach_log_file(out / "train.log")
+            try:
+                return _train(recipe, setup, out, resumed, started)
+            finally:
+                log.removeHandler(handler)
+                handler.close()
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(_interrupted(out)) from None
+    finally:
+        distributed.finish(group)
 
 
 def _interrupted(out: Path) -> str:
@@ -126,10 +149,13 @@ def _read_run(out: Path) -> tuple[Recipe, dict | None]:
     return recipe, (checkpoint.load_training(last) if last.exists() else None)
 
 
-def _prepare(recipe: Recipe) -> _Setup:
+def _prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _Setup:
     cfg = recipe.train
     torch.manual_seed(cfg.seed)
-    device = pick_device(cfg.device)
+    shards = group.world_size * cfg.accumulate_steps
+    if cfg.batch_size % shards:
+        raise CifarkitError(f"train.batch_size {cfg.batch_size} does not split into {group.world_size} process(es) x "
+                            f"{cfg.accumulate_steps} micro-batch(es); choose a batch size divisible by {shards}")
     precision = pick_precision(cfg.precision, device)
     configure(device)
     if cfg.compile and device.type != "cuda":
@@ -139,20 +165,26 @@ def _prepare(recipe: Recipe) -> _Setup:
     train_idx, val_idx = data.split_train(dataset.train_y, recipe.data.val_split, recipe.data.subset, cfg.seed)
     # Everything lives on the training device from here on: batches are sliced and augmented there, no workers.
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    mine = range(group.rank * cfg.accumulate_steps, (group.rank + 1) * cfg.accumulate_steps)
     loader = data.TrainLoader(dataset.train_x[train_idx].to(device), dataset.train_y[train_idx].to(device),
-                              cfg.batch_size, recipe.data, cfg.seed, memory_format)
+                              cfg.batch_size, recipe.data, cfg.seed, memory_format, shards=shards, own=mine)
     val = dataset.train_x[val_idx].to(device), dataset.train_y[val_idx].to(device)
     test = dataset.test_x.to(device), dataset.test_y.to(device)
-    state = _build_state(recipe, loader, device, precision, memory_format)
+    state = _build_state(recipe, loader, device, precision, memory_format, group)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
                 "dataset_sha256": dataset.sha256, "train_images": len(loader.images), "val_images": len(val[0])}
+    if group.distributed:
+        run_info["processes"] = {"world_size": group.world_size, "backend": torch.distributed.get_backend(),
+                                 "images_per_rank_per_step": cfg.batch_size // group.world_size}
     loss_fn = _loss(recipe, device, memory_format, run_info)  # after the model: the teacher's init draws random numbers
-    return _Setup(device, precision, memory_format, dataset, loader, val, test, state, loss_fn, run_info)
+    return _Setup(device, precision, memory_format, group, dataset, loader, val, test, state, loss_fn, run_info)
 
 
-def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, started: float) -> dict:
+def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, started: float) -> dict | None:
     cfg = recipe.train
     device, precision, loader, state = setup.device, setup.precision, setup.loader, setup.state
+    if not setup.group.writes:
+        return _train_shard(recipe, setup, resumed)
     (val_x, val_y), (test_x, test_y) = setup.val, setup.test
     model, optimizer = state.model, state.optimizer
     mean, std = recipe.data.mean, recipe.data.std
@@ -210,7 +242,8 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
             _log_epoch(record, writer)
             write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
             checkpoint.save_training(out / "checkpoints" / "last.pt", state, epoch, {
-                "elapsed_s": elapsed + time.perf_counter() - started, "train_time_s": train_time, "best": best})
+                "elapsed_s": elapsed + time.perf_counter() - started, "train_time_s": train_time, "best": best,
+                "world_size": setup.group.world_size})
     finally:
         writer.close()
 
@@ -242,18 +275,36 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     return summary
 
 
-def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision, memory_format
-                 ) -> TrainState:
+def _train_shard(recipe: Recipe, setup: _Setup, resumed: dict | None) -> None:
+    """A rank other than 0: the same steps on its shards of the batches, and nothing written, logged or measured."""
+    cfg, state = recipe.train, setup.state
+    start_epoch = 0
+    if resumed is not None:
+        checkpoint.restore_training(state, resumed)
+        start_epoch = resumed["epoch"]
+    for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        train_one_epoch(state, setup.loader.epoch(epoch), setup.loader.steps_per_epoch, cfg.batch_size,
+                        setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
+
+
+def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision, memory_format,
+                 group: distributed.Group) -> TrainState:
     cfg = recipe.train
     model = models.create(recipe.model.name).to(device)
     if hasattr(model, "init_from_data"):  # data-dependent initialization, e.g. FastNet's whitening filters
+        # Every rank holds the whole training set and draws the same sample: the same filters everywhere.
         sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(cfg.seed))[:5000]
         model.init_from_data(data.normalize(loader.images[sample.to(device)], recipe.data.mean, recipe.data.std))
+    if cfg.sync_bn:
+        model = distributed.sync_batchnorm(model, group, device)
     model = model.to(memory_format=memory_format)
     optimizer = build_optimizer(model, recipe.optim)
+    parallel = distributed.wrap(model, group, device)
     return TrainState(
         model=model,
-        forward=torch.compile(model) if cfg.compile else model,
+        forward=torch.compile(parallel) if cfg.compile else parallel,
+        no_sync=getattr(parallel, "no_sync", contextlib.nullcontext),
+        after_step=lambda trained: distributed.average_buffers(trained, group),
         optimizer=optimizer,
         scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch),
         scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler),

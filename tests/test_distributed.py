@@ -1,0 +1,172 @@
+"""Distributed data-parallel training for real: torchrun, gloo ranks on the CPU, the committed real-data sample.
+
+Each launch starts real processes (torchrun's agent and its ranks), so the runs are short: the `fast` recipe for two
+epochs of 1,000 of the sample's images, 100 per step (results/test-floors.json holds the settings and the floor).
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cifarkit import data, distributed
+from cifarkit.cli import main
+from cifarkit.config import DataConfig
+from conftest import FLOORS, sample_home
+
+CHECK = FLOORS["training"]["fast-2-epochs-2-ranks-sample"]  # its settings and floor, measured on 2 ranks
+TRAIN = ["train", "--recipe", CHECK["recipe"]] + [arg for s in CHECK["overrides"] for arg in ("--set", s)]
+FAULT_CHILD = Path(__file__).with_name("dist_fault_child.py")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    with sample_home(tmp_path_factory.mktemp("dist-home")):
+        yield
+
+
+def torchrun(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "model.safetensors"))
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def epochs(run: Path) -> list[int]:
+    return [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(home, tmp_path_factory) -> Path:
+    """`cifarkit train --nproc 2` without --out, in a folder of its own: the unbroken 2-rank run."""
+    where = tmp_path_factory.mktemp("two-ranks")
+    cwd = os.getcwd()
+    os.chdir(where)
+    try:
+        assert main(TRAIN + ["--nproc", "2"]) == 0
+    finally:
+        os.chdir(cwd)
+    runs = list((where / "runs").iterdir())
+    assert len(runs) == 1, runs  # rank 0 names the folder, and the other rank writes nothing
+    return runs[0]
+
+
+def test_two_ranks_write_one_run_folder_that_learned(two_ranks):
+    assert sorted(p.name for p in two_ranks.iterdir()) == ["checkpoints", "config.yaml", "curves.png",
+                                                            "metrics.jsonl", "model.safetensors", "summary.json",
+                                                            "tb", "train.log"]
+    assert epochs(two_ranks) == [1, 2]
+    summary = json.loads((two_ranks / "summary.json").read_text())
+    assert summary["test_acc"] >= CHECK["floor"]
+    config = (two_ranks / "config.yaml").read_text()
+    assert "world_size: 2" in config and "backend: gloo" in config and "images_per_rank_per_step: 50" in config
+    log = (two_ranks / "train.log").read_text()
+    assert "rank 1" not in log and "done: test accuracy" in log
+
+
+def test_two_ranks_match_one_process_accumulating_two_micro_batches(home, two_ranks, tmp_path):
+    """The correctness test of the distributed path: rank r's shard of a batch is micro-batch r of one process.
+
+    The tolerance is zero, measured: with two ranks the all-reduce's order cannot matter (a + b = b + a, and the
+    halving is exact), so what could differ is the kernels. Each rank runs one thread (torchrun's default), and so
+    does this process: the weights come out bit for bit the same, BatchNorm statistics included. With this process
+    on 2 threads, oneDNN picks other kernels: in fp32, 1.8e-4 of the largest weight apart after one step and 3.8e-2
+    after 40, measured once here (the BatchNorm shifts train at 64x the lr, which amplifies any difference).
+    """
+    one = tmp_path / "one"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(TRAIN + ["--set", "train.accumulate_steps=2", "--out", str(one)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert same(weights(one), weights(two_ranks))
+    assert epochs(one) == [1, 2]
+
+
+def test_a_killed_rank_is_restarted_and_the_run_resumes_to_the_unbroken_result(home, two_ranks, tmp_path):
+    run = tmp_path / "run"
+    done = torchrun("--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(FAULT_CHILD),
+                    *TRAIN, "--out", str(run))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SIGKILL" in done.stderr or "Signals.SIGKILL" in done.stderr or "exitcode: -9" in done.stderr, \
+        done.stderr[-3000:]
+    assert "resuming" in (run / "train.log").read_text()
+    assert epochs(run) == [1, 2]  # every epoch once: the killed attempt's epoch 2 was never recorded
+    assert same(weights(run), weights(two_ranks))
+
+
+def test_two_nodes_on_loopback_train_one_run(home, two_ranks, tmp_path):
+    """Two torchrun launches, one per node, meeting through the c10d rendezvous on 127.0.0.1."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+                               str(rank), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                               endpoint, "--rdzv-id", "cifarkit-test", "-m", "cifarkit", *TRAIN],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              # one thread per rank, as torchrun gives each of 2 ranks on one node: the same kernels
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+             for rank in (0, 1)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1
+    assert epochs(runs[0]) == [1, 2]
+    # The same 2 ranks as on one node, so the same weights: the rendezvous changes nothing of the training.
+    assert same(weights(runs[0]), weights(two_ranks))
+
+
+def test_a_run_resumes_only_with_the_world_size_it_was_trained_with(home, two_ranks, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(two_ranks, run)
+    (run / "summary.json").unlink()  # a run stopped after its last checkpoint
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "trained by 2 process(es) and this is 1" in err and "--nproc 2" in err
+
+
+def test_batches_must_split_evenly_into_ranks_and_micro_batches(home, tmp_path, capsys):
+    assert main(TRAIN + ["--set", "train.accumulate_steps=3", "--out", str(tmp_path / "run")]) == 2
+    assert "train.batch_size 100 does not split into 1 process(es) x 3 micro-batch(es)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_shard_s_holds_the_same_images_whichever_process_takes_it():
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.arange(64)
+    cfg = DataConfig()
+    whole = data.TrainLoader(images, labels, 16, cfg, seed=5)
+    together = data.TrainLoader(images, labels, 16, cfg, seed=5, shards=4, own=range(4))
+    apart = [data.TrainLoader(images, labels, 16, cfg, seed=5, shards=4, own=range(r, r + 1)) for r in range(4)]
+    for epoch in (1, 2):
+        for step, (full, shards, *single) in enumerate(zip(whole.epoch(epoch), together.epoch(epoch),
+                                                          *(loader.epoch(epoch) for loader in apart))):
+            assert [len(y) for _, y in shards] == [4, 4, 4, 4]
+            # the batch's images, cut in 4: every image once, in the one-process run's order
+            assert torch.equal(torch.cat([y for _, y in shards]), full[0][1])
+            for (x, y), [(x1, y1)] in zip(shards, single):
+                assert torch.equal(x, x1) and torch.equal(y, y1)
+
+
+def test_sync_batchnorm_is_refused_on_the_cpu_with_the_reason():
+    from cifarkit import models
+    with pytest.raises(Exception, match="SyncBatchNorm runs on CUDA tensors only"):
+        distributed.sync_batchnorm(models.create("simplecnn"), distributed.Group(0, 2, 0), torch.device("cpu"))
+
