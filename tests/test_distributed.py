@@ -114,6 +114,15 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes_to_the_unbroken_result(h
     assert same(weights(run), weights(two_ranks))
 
 
+def test_a_distributed_run_stopped_by_a_dead_rank_resumes_to_the_unbroken_result(home, two_ranks, tmp_path):
+    run = tmp_path / "run"
+    failed = torchrun("--standalone", "--nproc-per-node", "2", str(FAULT_CHILD), *TRAIN, "--out", str(run))
+    assert failed.returncode != 0 and not (run / "summary.json").exists()
+    assert main(["train", "--nproc", "2", "--resume", str(run)]) == 0
+    assert epochs(run) == [1, 2]
+    assert same(weights(run), weights(two_ranks))
+
+
 def test_two_nodes_on_loopback_train_one_run(home, two_ranks, tmp_path):
     """Two torchrun launches, one per node, meeting through the c10d rendezvous on 127.0.0.1."""
     endpoint = f"127.0.0.1:{free_port()}"
@@ -167,6 +176,6 @@ def test_shard_s_holds_the_same_images_whichever_process_takes_it():
 
 def test_sync_batchnorm_is_refused_on_the_cpu_with_the_reason():
     from cifarkit import models
-    with pytest.raises(Exception, match="SyncBatchNorm runs on CUDA tensors only"):
+    with pytest.raises(Exception, match="SyncBatchNorm does not run on the CPU or MPS"):
         distributed.sync_batchnorm(models.create("simplecnn"), distributed.Group(0, 2, 0), torch.device("cpu"))
 

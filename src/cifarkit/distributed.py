@@ -142,13 +142,13 @@ def sum_over_ranks(*values: torch.Tensor) -> list[torch.Tensor]:
 
 
 def sync_batchnorm(model: nn.Module, group: Group, device: torch.device) -> nn.Module:
-    """BatchNorm layers replaced by SyncBatchNorm, whose statistics cover the global batch; PyTorch implements it
-    for CUDA tensors only."""
+    """BatchNorm layers replaced by SyncBatchNorm, whose statistics cover the global batch; PyTorch runs it on GPUs
+    only (of the devices cifarkit trains on: CUDA, not MPS or the CPU)."""
     if not group.distributed:
         return model
     if device.type != "cuda":
-        raise CifarkitError(f"train.sync_bn needs CUDA (PyTorch's SyncBatchNorm runs on CUDA tensors only), and this "
-                            f"run trains on {device.type}; leave it off: each rank then normalizes its own shard")
+        raise CifarkitError(f"train.sync_bn needs CUDA (PyTorch's SyncBatchNorm does not run on the CPU or MPS), and "
+                            f"this run trains on {device.type}; leave it off: each rank then normalizes its own shard")
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 

@@ -258,10 +258,10 @@ def _traced(model: torch.nn.Module, device: torch.device, precision) -> torch.ji
     """The model as a TorchScript graph, traced on a sample batch: the same operations on the same weights (autocast's
     casts included), so the same logits bit for bit, for any batch size (tests/test_inference.py). What it buys is
     the GIL: eager mode takes it back after every layer, and waits for it whenever another Python thread is busy.
-    A forward pass of 32 images by version B on one core of this project's CPU took 26 ms alone and 330 ms next to
-    a busy Python thread in eager mode; traced, 19 ms and 34 ms. A server's event loop is such a thread. (TorchScript
-    is deprecated in favour of torch.export with AOTInductor, which compiles C++ for a minute and changes the
-    logits in their last bits.)"""
+    A forward pass of 32 images by version B on one core of this project's CPU took 21 ms alone and 318 ms next to
+    a busy Python thread in eager mode; traced, 19 ms and 46 ms (scripts/measure_gil_stall.py, results/gil-stall.json).
+    A server's event loop is such a thread. (TorchScript is deprecated in favour of torch.export with AOTInductor,
+    which compiled C++ for 25 s here, and whose frozen graph changed the logits in their last bits.)"""
     sample = torch.zeros(2, preprocess.SIZE, preprocess.SIZE, 3, dtype=torch.uint8, device=device)
     with warnings.catch_warnings(), torch.inference_mode(), autocast(device, precision, cache=False):
         warnings.filterwarnings("ignore", "`torch.jit.trace", FutureWarning)
