@@ -1,3 +1,3 @@
-from cifarkit.cli import main
+from cifarkit.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -219,8 +219,12 @@ def cmd_bench(args) -> None:
     for r in rows:
         print(f"| {r['model']} | {r['mode']} | {r['images_per_s']:.0f} | {r[f'speedup_vs_{args.modes[0]}']:.2f}x |")
     if args.json:
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # the allocator's share shows in page faults and system time
         write_json(args.json, {"environment": env, "batch_size": args.batch_size, "steps": args.steps,
-                               "rounds": args.rounds, "results": rows})
+                               "rounds": args.rounds, "results": rows,
+                               "process": {"minor_page_faults": usage.ru_minflt, "system_s": usage.ru_stime,
+                                           "user_s": usage.ru_utime}})
         print(f"wrote {args.json}")
 
 
@@ -524,6 +528,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx: model.onnx; exported: torch.export's model.pt2; torchscript: model.torchscript.pt")
     p.set_defaults(func=cmd_export)
     return parser
+
+
+# Commands that train: they run on tcmalloc when it is installed (allocator.py).
+TRAINING_COMMANDS = ("train", "speedrun", "bench")
+
+
+def entry() -> int:
+    """The `cifarkit` command as installed: a training command first restarts itself on tcmalloc, then runs."""
+    if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS:
+        from cifarkit import allocator
+        allocator.restart_on_tcmalloc(sys.argv[1:])
+    return main()
 
 
 def main(argv: list[str] | None = None) -> int:

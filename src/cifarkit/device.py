@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from cifarkit import allocator
 from cifarkit.errors import CifarkitError
 
 
@@ -91,6 +92,7 @@ def report(device: torch.device | None = None) -> dict:
         "processor": _cpu_name(),
         "threads": torch.get_num_threads(),
         "memory_gib": _system_memory_gib(),
+        "allocator": allocator.in_use(),
         "cpu_bf16": cpu_has_bf16(),
         "cuda_available": torch.cuda.is_available(),
         "cuda_version": torch.version.cuda,
@@ -134,7 +136,8 @@ def cudnn_text(version: int | None) -> str:
 def describe(info: dict) -> list[str]:
     """The report as short human-readable lines."""
     lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
-             f"CPU: {info['processor']}, {info['threads']} threads, {info['memory_gib']} GiB RAM, native bf16: {'yes' if info['cpu_bf16'] else 'no'}"]
+             f"CPU: {info['processor']}, {info['threads']} threads, {info['memory_gib']} GiB RAM, native bf16: "
+             f"{'yes' if info['cpu_bf16'] else 'no'}, memory allocator: {info['allocator']}"]
     cudnn = cudnn_text(info["cudnn_version"])
     if info["gpus"]:
         gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in info["gpus"])

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 import cifarkit
-from cifarkit import checkpoint, data, distributed, models, plots
+from cifarkit import allocator, checkpoint, data, distributed, models, plots
 from cifarkit.config import Recipe, recipe_from_dict, to_dict
 from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
 from cifarkit.engine import ClassificationLoss, DistillationLoss, DivergenceError, TrainState, evaluate, train_one_epoch
@@ -172,7 +172,8 @@ def _prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> 
     test = dataset.test_x.to(device), dataset.test_y.to(device)
     state = _build_state(recipe, loader, device, precision, memory_format, group)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
-                "dataset_sha256": dataset.sha256, "train_images": len(loader.images), "val_images": len(val[0])}
+                "allocator": allocator.in_use(), "dataset_sha256": dataset.sha256,
+                "train_images": len(loader.images), "val_images": len(val[0])}
     if group.distributed:
         run_info["processes"] = {"world_size": group.world_size, "backend": torch.distributed.get_backend(),
                                  "images_per_rank_per_step": cfg.batch_size // group.world_size}
