@@ -56,7 +56,7 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     batches = itertools.chain.from_iterable(loader.epoch(epoch) for epoch in itertools.count(1))
     loss_fn = ClassificationLoss()
     # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
-    train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None)
+    train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None, progress=group.writes)
     stats = train_one_epoch(state, itertools.islice(batches, steps), steps, batch_size, loss_fn, device, precision,
                             None, progress=group.writes)
     return stats["images_per_s"]

@@ -93,6 +93,9 @@ class _Refused(Exception):
         super().__init__(detail)
         self.status, self.detail, self.headers = status, detail, headers
 
+    def answer(self) -> JSONResponse:
+        return JSONResponse({"detail": self.detail}, self.status, self.headers)
+
 
 @dataclass
 class Served:
@@ -275,7 +278,7 @@ class Pipeline:
                         self._decoded[job.model].append(job)
                         decoded = len(self._decoded[job.model])
                     # Woken only when what it waits for may have changed (a first image, a full batch, the end of
-                    # decoding): woken per image, the model thread took the GIL from the others 60 times per batch.
+                    # decoding): woken per image, the model thread took the GIL from the others once per image.
                     if decoded in (1, self.settings.max_batch) or not self._decoding:
                         self._lock.notify_all()
             if failed:
@@ -382,8 +385,7 @@ class Gate:
         try:
             refused = self._check(scope)
             if refused is not None:
-                response = JSONResponse({"detail": refused.detail}, refused.status, refused.headers)
-                await response(scope, receive, send_and_record)
+                await refused.answer()(scope, receive, send_and_record)
                 return
             app = self.predict if scope["path"] == PREDICT else self.app
             await app(scope, self._limited(receive), send_and_record)
@@ -557,7 +559,7 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
 async def _error_answer(request: Request, exc: Exception) -> JSONResponse:
     """The JSON answer of an exception, for every route: {"detail": "..."} with its status and headers."""
     if isinstance(exc, _Refused):
-        return JSONResponse({"detail": exc.detail}, exc.status, exc.headers)
+        return exc.answer()
     if isinstance(exc, HTTPException):
         return JSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)  # a bug of ours: the traceback too

@@ -90,7 +90,8 @@ def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | No
     if resume is not None:
         out = Path(resume)
         recipe, resumed = _read_run(out)
-        trained_by = resumed.get("world_size", 1) if resumed else group.world_size  # runs of 0.1: one process
+        # A checkpoint without world_size predates distributed training: one process wrote it.
+        trained_by = resumed.get("world_size", 1) if resumed else group.world_size
         if trained_by != group.world_size:
             raise CifarkitError(f"{out} was trained by {trained_by} process(es) and this is {group.world_size}: its "
                                 f"batches were cut {trained_by} ways; resume it with {trained_by} (cifarkit train "
