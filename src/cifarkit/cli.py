@@ -249,6 +249,17 @@ def _bench_scaling(args) -> None:
         print(f"wrote {args.json}")
 
 
+def cmd_profile(args) -> None:
+    from cifarkit import profiling
+    from cifarkit.config import load_recipe
+    from cifarkit.files import write_json
+    result = profiling.run(load_recipe(args.recipe or DEFAULT_RECIPE, _overrides(args)), args.steps)
+    print(profiling.table(result))
+    if args.json:
+        write_json(args.json, {"command": "cifarkit " + " ".join(args.argv), **result})
+        print(f"wrote {args.json}")
+
+
 def cmd_speedrun(args) -> None:
     from cifarkit import speedrun
     from cifarkit.config import check_seed
@@ -463,6 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "on N processes each, launched by torchrun")
     p.set_defaults(func=cmd_bench)
 
+    p = _command(sub, "profile", "where a recipe's training step spends its time (torch.profiler table, page faults)")
+    _add_recipe_options(p)
+    p.add_argument("--steps", type=_bounded(1), default=10, help="steps timed, then as many profiled (default: 10)")
+    p.add_argument("--json", help="also write the results to this file")
+    p.set_defaults(func=cmd_profile)
+
     p = _command(sub, "release", "package a finished run as a versioned release folder, or check one")
     p.add_argument("run_dir", nargs="?", help="folder of a finished `cifarkit train` run")
     p.add_argument("--name", help="version name: writes <out>/version_<name>")
@@ -531,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands that train: they run on tcmalloc when it is installed (allocator.py).
-TRAINING_COMMANDS = ("train", "speedrun", "bench")
+TRAINING_COMMANDS = ("train", "speedrun", "bench", "profile")
 
 
 def entry() -> int:

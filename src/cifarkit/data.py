@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 from safetensors import safe_open
 import safetensors.torch
 from safetensors.torch import load_file
@@ -380,12 +381,14 @@ class TrainLoader:
             int(np.random.SeedSequence([self.seed, epoch, s]).generate_state(1, np.uint64)[0])) for s in self.own}
         for step in range(self.steps_per_epoch):
             micro_batches = []
-            for s in self.own:
-                start = step * self.batch_size + s * self.shard_size
-                idx = order[start:start + self.shard_size]
-                flip = self.first_epoch_flip[idx] ^ (epoch % 2 == 0) if self.cfg.augment.alternate_flip else None
-                inputs = augment(self.images[idx], self.cfg.augment, self.cfg.mean, self.cfg.std, generators[s], flip)
-                micro_batches.append((inputs.contiguous(memory_format=self.memory_format), self.labels[idx]))
+            with record_function("augmentation"):
+                for s in self.own:
+                    start = step * self.batch_size + s * self.shard_size
+                    idx = order[start:start + self.shard_size]
+                    flip = self.first_epoch_flip[idx] ^ (epoch % 2 == 0) if self.cfg.augment.alternate_flip else None
+                    inputs = augment(self.images[idx], self.cfg.augment, self.cfg.mean, self.cfg.std, generators[s],
+                                     flip)
+                    micro_batches.append((inputs.contiguous(memory_format=self.memory_format), self.labels[idx]))
             yield micro_batches
 
 

@@ -9,6 +9,7 @@ from typing import Callable, ContextManager, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from cifarkit.data import eval_batches, normalize
@@ -100,10 +101,11 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
                     _set_buffers(state.model, found)
                 # The ranks average their gradients once a step, in the last micro-batch's backward pass.
                 with state.no_sync() if i < len(micro_batches) else contextlib.nullcontext():
-                    with autocast(device, precision):
+                    with record_function("forward"), autocast(device, precision):
                         logits = state.forward(inputs)
                         loss = loss_fn(logits.float(), labels, inputs)
-                    state.scaler.scale(loss / len(micro_batches)).backward()
+                    with record_function("backward"):
+                        state.scaler.scale(loss / len(micro_batches)).backward()
                 loss_sum += loss.detach() * len(labels)
                 correct += (logits.argmax(1) == labels).sum()
                 seen += len(labels)
@@ -112,17 +114,19 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
             if found is not None:
                 _set_buffers(state.model, [torch.stack(values).sum(0) / len(values) if values[0].is_floating_point()
                                            else values[-1] for values in zip(*updated)])
-            if grad_clip is not None:
-                state.scaler.unscale_(state.optimizer)
-                nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
-            state.scaler.step(state.optimizer)
-            state.scaler.update()
-            state.scheduler.step()
-            state.after_step(state.model)
-            if state.ema is not None:
-                state.ema.update_parameters(state.model)
-            if state.lookahead is not None:
-                state.lookahead.step(state.model)
+            with record_function("optimizer"):
+                if grad_clip is not None:
+                    state.scaler.unscale_(state.optimizer)
+                    nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
+                state.scaler.step(state.optimizer)
+                state.scaler.update()
+                state.scheduler.step()
+                state.after_step(state.model)
+            with record_function("weight averaging"):
+                if state.ema is not None:
+                    state.ema.update_parameters(state.model)
+                if state.lookahead is not None:
+                    state.lookahead.step(state.model)
             bar.update(batch_size)
             if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
                 _check_finite(loss_sum, step)

@@ -103,7 +103,7 @@ def run(recipe: Recipe | None = None, out: Path | None = None, resume: Path | No
     device = distributed.init(group, pick_device(recipe.train.device), recipe.train.dist_backend)
     try:
         out = distributed.agree(group, out)
-        setup = _prepare(recipe, group, device)
+        setup = prepare(recipe, group, device)
         if not group.writes:
             return _train(recipe, setup, out, resumed, started)
         try:
@@ -150,7 +150,7 @@ def _read_run(out: Path) -> tuple[Recipe, dict | None]:
     return recipe, (checkpoint.load_training(last) if last.exists() else None)
 
 
-def _prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _Setup:
+def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _Setup:
     cfg = recipe.train
     torch.manual_seed(cfg.seed)
     shards = group.world_size * cfg.accumulate_steps

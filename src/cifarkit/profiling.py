@@ -1,0 +1,177 @@
+"""`cifarkit profile`: where a recipe's training step spends its time, to choose what to speed up.
+
+The recipe's own setup (data, model, optimizer, loss) runs a few warm-up steps, then the same number of steps twice:
+first plainly, timed, with the process's page faults and system time from getrusage (the allocator's share); then
+under torch.profiler, whose operator times are sorted into the parts of a step. The step's parts are the
+record_function labels that the loader and the engine set ("augmentation", "forward", "backward", "optimizer",
+"weight averaging"); inside the forward and backward passes each operator is sorted by its kind. The final test
+evaluation, with the recipe's TTA, is timed on a slice of the test set and projected to all of it.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import resource
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from cifarkit import distributed, train
+from cifarkit.config import Recipe
+from cifarkit.device import describe, pick_device, report
+from cifarkit.engine import evaluate, train_one_epoch
+
+PHASES = ("augmentation", "forward", "backward", "optimizer", "weight averaging")
+# Operator kinds inside the forward and backward passes, matched in order against aten's operator names.
+KINDS = (
+    ("convolution backward", r"convolution_backward"),
+    ("convolution", r"convolution|conv2d"),
+    ("BatchNorm", r"batch_norm"),
+    ("activation", r"gelu|relu|silu|sigmoid|tanh"),
+    ("pooling", r"pool"),
+    ("dtype casts and copies", r"::to$|_to_copy|::copy_|contiguous|clone"),
+    ("loss", r"cross_entropy|log_softmax|nll_loss|kl_div"),
+)
+WARMUP_STEPS = 2  # the first steps choose oneDNN kernels and fill the allocator's caches
+
+
+def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
+    device = pick_device(recipe.train.device)
+    group = distributed.Group()
+    setup = train.prepare(recipe, group, device)
+    cfg, state = recipe.train, setup.state
+    batches = itertools.chain.from_iterable(setup.loader.epoch(epoch) for epoch in itertools.count(1))
+
+    def train_steps(count: int) -> dict:
+        return train_one_epoch(state, itertools.islice(batches, count), count, cfg.batch_size, setup.loss_fn, device,
+                               setup.precision, cfg.grad_clip, progress=False)
+
+    train_steps(WARMUP_STEPS)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    train_steps(steps)
+    _synchronize(device)
+    step_s = (time.perf_counter() - started) / steps
+    after = resource.getrusage(resource.RUSAGE_SELF)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    profiled = profile(activities=activities)
+    with _native_stderr_silenced():
+        profiled.start()
+    train_steps(steps)
+    _synchronize(device)
+    with _native_stderr_silenced():
+        profiled.stop()
+    parts = _step_parts(profiled.events(), steps)
+
+    test_x, test_y = setup.test
+    count = min(eval_images, len(test_y))
+    eval_args = dict(mean=recipe.data.mean, std=recipe.data.std, device=device, precision=setup.precision,
+                     channels_last=cfg.channels_last, tta=cfg.tta)
+    evaluate(state.model, test_x[:200], test_y[:200], **eval_args)  # warm-up for the evaluation's batch shapes
+    started = time.perf_counter()
+    with record_function("evaluation"):
+        evaluate(state.model, test_x[:count], test_y[:count], **eval_args)
+    _synchronize(device)
+    eval_s_per_image = (time.perf_counter() - started) / count
+    return {
+        "recipe": recipe.name, "model": recipe.model.name, "batch_size": cfg.batch_size, "steps": steps,
+        "precision": setup.precision.name, "steps_per_epoch": setup.loader.steps_per_epoch,
+        "step_s": step_s, "images_per_s": cfg.batch_size / step_s,
+        "epoch_s": step_s * setup.loader.steps_per_epoch,
+        "process_per_step": {
+            "minor_page_faults": (after.ru_minflt - before.ru_minflt) / steps,
+            "system_s": (after.ru_stime - before.ru_stime) / steps,
+            "user_s": (after.ru_utime - before.ru_utime) / steps,
+        },
+        "profiled_step_s": parts.pop("step"),
+        "parts_s": parts,
+        "evaluation": {"tta": cfg.tta, "images": count, "s_per_image": eval_s_per_image,
+                       "test_pass_s": eval_s_per_image * len(test_y), "test_images": len(test_y)},
+        "environment": report(device),
+    }
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """The profiler's C++ side (Kineto) writes start/stop trace lines to the process's stderr, and on a CUDA build
+    without a GPU an ERROR that no GPU answered: noise here, where the CPU alone is profiled on purpose."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step_parts(events, steps: int) -> dict:
+    """Seconds per step of each part: the phases, with forward and backward split into operator kinds. An operator's
+    self time counts once, in the innermost phase that encloses it; "other" is the step's time outside the phases."""
+    parts: dict[str, float] = {}
+    labelled = 0.0
+    for event in events:
+        if event.name in PHASES:
+            labelled += event.cpu_time_total
+            continue
+        phase = _enclosing_phase(event)
+        if phase is None:
+            continue
+        part = phase
+        if phase in ("forward", "backward"):
+            kind = next((name for name, pattern in KINDS if re.search(pattern, event.name)), None)
+            part = kind if kind is not None else f"other {phase}"
+        parts[part] = parts.get(part, 0.0) + event.self_cpu_time_total
+    total = max(e.time_range.end for e in events) - min(e.time_range.start for e in events)
+    parts["other"] = max(total - labelled, 0.0)
+    parts = {name: us / 1e6 / steps for name, us in sorted(parts.items(), key=lambda item: -item[1])}
+    parts["step"] = total / 1e6 / steps
+    return parts
+
+
+def _enclosing_phase(event) -> str | None:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name in PHASES:
+            return parent.name
+        parent = parent.cpu_parent
+    return None
+
+
+def table(result: dict) -> str:
+    lines = describe(result["environment"]) + [
+        "",
+        f"recipe {result['recipe']} ({result['model']}, {result['precision']}, batch {result['batch_size']}): "
+        f"{1000 * result['step_s']:.1f} ms per step, {result['images_per_s']:.0f} img/s, "
+        f"{result['epoch_s']:.1f} s per epoch of {result['steps_per_epoch']} steps (mean of {result['steps']} steps, "
+        f"not profiled)",
+        "",
+        f"where a step's time goes (under torch.profiler: {1000 * result['profiled_step_s']:.1f} ms per step)",
+        "| part | ms per step | share |", "|---|---:|---:|",
+    ]
+    for name, seconds in result["parts_s"].items():
+        lines.append(f"| {name} | {1000 * seconds:.1f} | {100 * seconds / result['profiled_step_s']:.1f}% |")
+    process, step = result["process_per_step"], result["step_s"]
+    lines += [
+        "",
+        f"process, per step: {process['minor_page_faults']:,.0f} minor page faults, system time "
+        f"{1000 * process['system_s']:.1f} ms, user time {1000 * process['user_s']:.1f} ms "
+        f"(system: {100 * process['system_s'] / max(process['system_s'] + process['user_s'], 1e-9):.1f}% of the "
+        f"CPU time; wall {1000 * step:.1f} ms)",
+    ]
+    evaluation = result["evaluation"]
+    lines.append(f"final evaluation{' with TTA' if evaluation['tta'] else ''}: {evaluation['test_pass_s']:.1f} s per "
+                 f"pass over {evaluation['test_images']:,} test images (timed on {evaluation['images']:,}), "
+                 f"{100 * evaluation['test_pass_s'] / result['epoch_s']:.0f}% of an epoch")
+    return "\n".join(lines)
