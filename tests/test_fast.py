@@ -8,7 +8,7 @@ from cifarkit import data, models, train
 from cifarkit.cli import main
 from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig, load_recipe
 from cifarkit.engine import tta_views
-from cifarkit.optim import Lookahead, build_optimizer, build_schedule
+from cifarkit.optim import Lookahead, Muon, build_optimizer, build_schedule, orthogonalized
 from cifarkit.speedrun import statistics_against
 from conftest import FLOORS
 
@@ -72,7 +72,9 @@ def test_lookahead_pulls_back_toward_the_slow_weights_and_ends_on_them():
 
 
 def test_triangular_schedule_and_vector_groups():
-    recipe = load_recipe("fast")
+    recipe = load_recipe("fast", ["optim.name=sgd", "optim.lr=0.75", "optim.weight_decay=1.3305e-3",
+                                  "optim.vector_weight_decay=2.079e-5", "schedule.warmup_epochs=2.3",
+                                  "schedule.warmup_start_factor=0.2", "schedule.final_factor=0.07"])
     model = models.create("fastnet")
     optimizer = build_optimizer(model, recipe.optim)
     weights, vectors = optimizer.param_groups
@@ -142,3 +144,76 @@ def test_fastnet_convolutions_start_as_partial_identities():
         with torch.no_grad():
             out = conv(x)
         assert torch.allclose(out[:, :conv.in_channels], x, atol=1e-6)
+
+
+def test_newton_schulz_brings_every_singular_value_near_one():
+    torch.manual_seed(0)
+    # A badly conditioned update, as a gradient dominated by a few directions is: singular values from 1e-3 to 1e3.
+    u, _ = torch.linalg.qr(torch.randn(64, 64))
+    v, _ = torch.linalg.qr(torch.randn(576, 64))
+    given = torch.logspace(3, -3, 64)
+    update = u @ torch.diag(given) @ v.T
+    relative = given / given.norm()  # the iteration starts from the update over its Frobenius norm
+    for matrix in (update, update.T):
+        singular = torch.linalg.svdvals(orthogonalized(matrix).float())
+        # Three quintic iterations put every direction above 1.3% of the norm into Muon's band, about [0.5, 1.5], and
+        # multiply the fainter ones by 3.4445^3 = 40.9 (the slope at zero, cubed), down to where bf16's rounding
+        # (about 0.01 here) takes over.
+        band, faint = relative >= 0.013, (relative < 0.013) & (relative >= 0.003)
+        assert singular[band].min() > 0.5 and singular.max() < 1.5
+        assert faint.sum() >= 5
+        assert torch.allclose(singular[faint] / relative[faint], torch.tensor(40.9), rtol=0.15)
+        assert orthogonalized(matrix).shape == matrix.shape
+
+
+def test_muon_orthogonalizes_filters_and_steps_the_rest_as_torch_sgd():
+    recipe = load_recipe("fast")
+    assert recipe.optim.name == "muon"
+    torch.manual_seed(0)
+    model = models.create("fastnet")
+    twin = models.create("fastnet")
+    twin.load_state_dict(model.state_dict())
+    optimizer = build_optimizer(model, recipe.optim)
+    filters, head, vectors = optimizer.param_groups
+    assert filters["orthogonalize"] and all(p.ndim == 4 for p in filters["params"]) and filters["weight_decay"] == 0
+    assert [p.ndim for p in head["params"]] == [2] and all(p.ndim == 1 for p in vectors["params"])
+    # Everything but the filters: torch.optim.SGD with Nesterov momentum and coupled weight decay, to the bit.
+    reference = torch.optim.SGD([{"params": [twin.head[2].weight], "lr": head["lr"], "weight_decay": head["weight_decay"]},
+                                 {"params": [p for p in twin.parameters() if p.requires_grad and p.ndim == 1],
+                                  "lr": vectors["lr"], "weight_decay": vectors["weight_decay"]}],
+                                lr=recipe.optim.lr, momentum=recipe.optim.momentum, nesterov=True)
+    twin_filters = [p for p in twin.parameters() if p.requires_grad and p.ndim == 4]
+    started = [p.clone() for p in filters["params"]]
+    x = torch.randn(8, 3, 32, 32)
+    for _ in range(3):
+        for net, opt in ((model, optimizer), (twin, reference)):
+            opt.zero_grad()
+            net(x).square().mean().backward()
+            opt.step()
+        with torch.no_grad():  # the twin's filters follow Muon's, so both nets see the same gradients next step
+            for mine, its in zip(filters["params"], twin_filters):
+                its.copy_(mine)
+    assert torch.equal(model.head[2].weight, twin.head[2].weight)
+    assert all(torch.equal(a, b) for a, b in zip(vectors["params"], reference.param_groups[1]["params"]))
+    for p, before in zip(filters["params"], started):
+        # Renormalized to sqrt(output channels) before each step, then moved by lr times an update whose singular
+        # values are at most about 1.5: its Frobenius norm is at most 1.5 sqrt(rank).
+        assert abs(p.norm().item() - len(p) ** 0.5) <= filters["lr"] * 1.5 * min(p[0].numel(), len(p)) ** 0.5
+        assert not torch.equal(p, before)
+
+
+def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, capsys):
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--recipe", "fast", "--set", "train.batch_size=100", "--steps", "2", "--json",
+                 str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "where a step's time goes" in printed and "minor page faults" in printed and "final evaluation" in printed
+    result = json.loads(out.read_text())
+    parts = result["parts_s"]
+    for part in ("convolution", "convolution backward", "BatchNorm", "activation", "pooling", "augmentation",
+                 "optimizer"):
+        assert parts[part] > 0, part
+    # The parts are disjoint slices of the profiled steps: together they account for the whole step.
+    assert sum(parts.values()) == pytest.approx(result["profiled_step_s"], rel=0.05)
+    assert result["process_per_step"]["user_s"] > 0 and result["evaluation"]["test_pass_s"] > 0
+    assert result["command"].startswith("cifarkit profile")

@@ -45,7 +45,7 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"  # sgd | adam | adamw
+    name: str = "sgd"  # sgd | adam | adamw | muon (conv filters orthogonalized, the rest Nesterov SGD)
     lr: float = 0.1
     momentum: float = 0.9  # sgd only
     nesterov: bool = False  # sgd only
@@ -53,6 +53,8 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # adam and adamw only
     vector_lr_scale: float = 1.0  # lr multiplier for BatchNorm shifts and biases
     vector_weight_decay: float = 0.0  # weight decay for BatchNorm shifts and biases
+    filter_lr: float = 0.02  # muon only: the conv filters' orthogonalized step, relative to their normalized size
+    filter_momentum: float = 0.6  # muon only: the conv filters' Nesterov momentum
 
 
 @dataclass
@@ -112,7 +114,7 @@ class Recipe:
 MAX_SEED = 2**32 - 1
 
 CHOICES = {
-    "optim.name": ("sgd", "adam", "adamw"),
+    "optim.name": ("sgd", "adam", "adamw", "muon"),
     "schedule.name": ("constant", "cosine", "linear", "onecycle", "step"),
     "train.device": ("auto", "cuda", "mps", "cpu"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),

@@ -24,15 +24,78 @@ def _param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
             {"params": vectors, "weight_decay": cfg.vector_weight_decay, "lr": cfg.lr * cfg.vector_lr_scale}]
 
 
+def _muon_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """The conv filters (4-d weights) as one orthogonalized group, without weight decay: Muon renormalizes them at
+    every step, which bounds them as decay would. The head and the vectors keep their SGD groups."""
+    filters = [p for p in model.parameters() if p.requires_grad and p.ndim == 4]
+    groups = [{**group, "params": [p for p in group["params"] if p.ndim != 4]} for group in _param_groups(model, cfg)]
+    return [{"params": filters, "lr": cfg.filter_lr, "momentum": cfg.filter_momentum, "weight_decay": 0.0,
+             "orthogonalize": True}] + [group for group in groups if group["params"]]
+
+
 OPTIMIZERS = {
-    "sgd": lambda groups, c: torch.optim.SGD(groups, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov),
-    "adam": lambda groups, c: torch.optim.Adam(groups, lr=c.lr, betas=c.betas),
-    "adamw": lambda groups, c: torch.optim.AdamW(groups, lr=c.lr, betas=c.betas),
+    "sgd": lambda model, c: torch.optim.SGD(_param_groups(model, c), lr=c.lr, momentum=c.momentum,
+                                            nesterov=c.nesterov),
+    "adam": lambda model, c: torch.optim.Adam(_param_groups(model, c), lr=c.lr, betas=c.betas),
+    "adamw": lambda model, c: torch.optim.AdamW(_param_groups(model, c), lr=c.lr, betas=c.betas),
+    "muon": lambda model, c: Muon(_muon_groups(model, c), lr=c.lr, momentum=c.momentum),
 }
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    return OPTIMIZERS[cfg.name](_param_groups(model, cfg), cfg)
+    return OPTIMIZERS[cfg.name](model, cfg)
+
+
+# The quintic Newton-Schulz iteration of Muon (Jordan et al. 2024, "Muon: an optimizer for hidden layers"): its
+# coefficients maximize the slope at zero, so 3 iterations bring every singular value of the update near 1.
+NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)
+NEWTON_SCHULZ_STEPS = 3
+
+
+def orthogonalized(update: torch.Tensor) -> torch.Tensor:
+    """The update (rows: output channels) with its singular values pushed to about 1, in bf16 like the original:
+    the iteration tolerates its rounding, and bf16 matmuls are the fast ones on GPUs and on CPUs with AMX."""
+    a, b, c = NEWTON_SCHULZ
+    x = update.bfloat16()
+    x = x / (x.norm() + 1e-7)  # the largest singular value at most 1, where the iteration converges
+    wide = x.size(0) <= x.size(1)
+    x = x if wide else x.T  # iterate on the smaller Gram matrix
+    for _ in range(NEWTON_SCHULZ_STEPS):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x if wide else x.T).to(update.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for the groups marked `orthogonalize` (conv filters), Nesterov SGD with coupled weight decay (as
+    torch.optim.SGD) for the rest: one optimizer, so one schedule, one checkpoint and one GradScaler cover both.
+
+    An orthogonalized step moves every direction of a filter bank alike instead of following the few directions
+    that dominate the gradient. Each filter bank is renormalized to a fixed size before its step: BatchNorm follows
+    every convolution, so the size carries no meaning, and fixing it keeps the step's relative size fixed.
+    """
+
+    def __init__(self, groups: list[dict], lr: float, momentum: float):
+        super().__init__(groups, {"lr": lr, "momentum": momentum, "weight_decay": 0.0, "orthogonalize": False})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            momentum = group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad if not group["weight_decay"] else p.grad.add(p, alpha=group["weight_decay"])
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = grad.clone()
+                else:
+                    state["momentum_buffer"].mul_(momentum).add_(grad)
+                update = grad.add(state["momentum_buffer"], alpha=momentum)  # Nesterov
+                if group["orthogonalize"]:
+                    p.mul_(len(p) ** 0.5 / p.norm())
+                    update = orthogonalized(update.reshape(len(update), -1)).view_as(p)
+                p.add_(update, alpha=-group["lr"])
 
 
 SCHEDULES = {
