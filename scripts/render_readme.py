@@ -189,9 +189,29 @@ def scaling_block() -> str:
     return "\n".join(lines)
 
 
+def reference_block() -> str:
+    """results/compare-reference.json, written by scripts/compare_reference.py: the published airbench94 next to
+    `fast`, both timed as whole processes on this machine, alternating."""
+    result = json.loads((RESULTS / "compare-reference.json").read_text())
+    env = result["environment"]
+    lines = [f"{env['processor']}, {env['threads']} cores, torch {env['torch']} (`{result['command']}`; timer: "
+             f"{result['timer_covers']}).", "",
+             "| | runs | test accuracy (TTA), each | mean | whole process, each | mean |",
+             "|---|---:|---|---:|---|---:|"]
+    for name, label in (("reference", f"`{result['reference_package']}` `lib_airbench94` (CPU, bf16 autocast)"),
+                        ("cifarkit", "`cifarkit train --recipe fast`")):
+        side = result[name]
+        accuracies = ", ".join(f"{100 * r['test_acc']:.2f}%" for r in side["runs"])
+        walls = ", ".join(f"{r['wall_time_s'] / 60:.1f}" for r in side["runs"])
+        lines.append(f"| {label} | {side['accuracy']['n']} | {accuracies} | {100 * side['accuracy']['mean']:.2f}% | "
+                     f"{walls} min | {side['wall_time_s'] / 60:.1f} min |")
+    lines += ["", f"`fast` took {1 / result['speedup']:.2f}x the reference's time: {result['speedup']:.2f}x as fast."]
+    return "\n".join(lines)
+
+
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
           "releases": releases_block, "inference": inference_block, "predict": predict_block, "serve": serve_block,
-          "scaling": scaling_block}
+          "scaling": scaling_block, "reference": reference_block}
 
 
 def main() -> None:
