@@ -158,7 +158,7 @@ def main() -> None:
                     "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rows), "runs": rows}
              for name, rows in runs.items()}
     ratio = sides["reference"]["wall_time_s"] / sides["cifarkit"]["wall_time_s"]
-    print(f"| | runs | mean test acc (TTA) | mean wall time, whole process |\n|---|---:|---:|---:|")
+    print("| | runs | mean test acc (TTA) | mean wall time, whole process |\n|---|---:|---:|---:|")
     for name, label in (("reference", f"airbench94 ({REFERENCE}), CPU, bf16 autocast"),
                         ("cifarkit", f"cifarkit train --recipe {args.recipe}")):
         side = sides[name]

@@ -37,7 +37,7 @@ def test_overrides_are_typed_and_dotted():
     ("train.epochs=three", r"bad value for train.epochs: 'three' \(expected int\)"),
     ("train.epochs=2.5", r"bad value for train.epochs"),
     ("train.epochs=0", r"bad value for train.epochs: 0 \(must be > 0\)"),
-    ("optim.name=lion", r"bad value for optim.name: 'lion' \(choose from sgd, adam, adamw\)"),
+    ("optim.name=lion", r"bad value for optim.name: 'lion' \(choose from sgd, adam, adamw, muon\)"),
     ("data.mean=[0.5]", r"bad value for data.mean"),
     ("train.flip=true", r"unknown key 'train.flip'"),
     ("data.augment=3", r"bad value for data.augment: expected a mapping"),
@@ -67,7 +67,8 @@ def test_cli_reports_bad_keys_on_one_line(capsys, cifar_home, tmp_path):
     assert main(["train", "--set", "optim.lrr=1", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "cifarkit: error: unknown key 'optim.lrr'; valid keys here: optim.name, optim.lr, " \
-                  "optim.momentum, optim.nesterov, optim.weight_decay, optim.betas, optim.vector_lr_scale, optim.vector_weight_decay"
+                  "optim.momentum, optim.nesterov, optim.weight_decay, optim.betas, optim.vector_lr_scale, " \
+                  "optim.vector_weight_decay, optim.filter_lr, optim.filter_momentum"
     assert not (tmp_path / "r").exists()
 
 

@@ -8,7 +8,7 @@ from cifarkit import data, models, train
 from cifarkit.cli import main
 from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig, load_recipe
 from cifarkit.engine import tta_views
-from cifarkit.optim import Lookahead, Muon, build_optimizer, build_schedule, orthogonalized
+from cifarkit.optim import Lookahead, build_optimizer, build_schedule, orthogonalized
 from cifarkit.speedrun import statistics_against
 from conftest import FLOORS
 

@@ -47,8 +47,8 @@ class ModelConfig:
 class OptimConfig:
     name: str = "sgd"  # sgd | adam | adamw | muon (conv filters orthogonalized, the rest Nesterov SGD)
     lr: float = 0.1
-    momentum: float = 0.9  # sgd only
-    nesterov: bool = False  # sgd only
+    momentum: float = 0.9  # sgd, and muon's SGD groups
+    nesterov: bool = False  # sgd and muon
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)  # adam and adamw only
     vector_lr_scale: float = 1.0  # lr multiplier for BatchNorm shifts and biases

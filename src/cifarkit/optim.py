@@ -38,7 +38,7 @@ OPTIMIZERS = {
                                             nesterov=c.nesterov),
     "adam": lambda model, c: torch.optim.Adam(_param_groups(model, c), lr=c.lr, betas=c.betas),
     "adamw": lambda model, c: torch.optim.AdamW(_param_groups(model, c), lr=c.lr, betas=c.betas),
-    "muon": lambda model, c: Muon(_muon_groups(model, c), lr=c.lr, momentum=c.momentum),
+    "muon": lambda model, c: Muon(_muon_groups(model, c), lr=c.lr, momentum=c.momentum, nesterov=c.nesterov),
 }
 
 
@@ -67,16 +67,18 @@ def orthogonalized(update: torch.Tensor) -> torch.Tensor:
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon for the groups marked `orthogonalize` (conv filters), Nesterov SGD with coupled weight decay (as
-    torch.optim.SGD) for the rest: one optimizer, so one schedule, one checkpoint and one GradScaler cover both.
+    """Muon for the groups marked `orthogonalize` (conv filters), SGD with momentum (Nesterov's if `nesterov`) and
+    coupled weight decay, as torch.optim.SGD, for the rest: one optimizer, so one schedule, one checkpoint and one
+    GradScaler cover both.
 
     An orthogonalized step moves every direction of a filter bank alike instead of following the few directions
     that dominate the gradient. Each filter bank is renormalized to a fixed size before its step: BatchNorm follows
     every convolution, so the size carries no meaning, and fixing it keeps the step's relative size fixed.
     """
 
-    def __init__(self, groups: list[dict], lr: float, momentum: float):
-        super().__init__(groups, {"lr": lr, "momentum": momentum, "weight_decay": 0.0, "orthogonalize": False})
+    def __init__(self, groups: list[dict], lr: float, momentum: float, nesterov: bool = True):
+        super().__init__(groups, {"lr": lr, "momentum": momentum, "nesterov": nesterov, "weight_decay": 0.0,
+                                  "orthogonalize": False})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -91,7 +93,8 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = grad.clone()
                 else:
                     state["momentum_buffer"].mul_(momentum).add_(grad)
-                update = grad.add(state["momentum_buffer"], alpha=momentum)  # Nesterov
+                buffer = state["momentum_buffer"]
+                update = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
                 if group["orthogonalize"]:
                     p.mul_(len(p) ** 0.5 / p.norm())
                     update = orthogonalized(update.reshape(len(update), -1)).view_as(p)
