@@ -52,8 +52,9 @@ def bench_block() -> str:
     modes = " ".join(dict.fromkeys(r["mode"] for r in bench["results"]))
     command = (f"cifarkit bench --models {model_names} --modes {modes} --batch-size {bench['batch_size']} "
                f"--steps {bench['steps']} --rounds {bench['rounds']} --json results/bench-train-cpu.json")
-    lines = [f"{env['processor']}, {env['threads']} threads, torch {env['torch']}; batch {bench['batch_size']}, "
-             f"median of {bench['rounds']} interleaved rounds of {bench['steps']} steps (`{command}`).", "",
+    lines = [f"{env['processor']}, {env['threads']} threads, torch {env['torch']}, memory allocator "
+             f"{env['allocator']}; batch {bench['batch_size']}, median of {bench['rounds']} interleaved rounds of "
+             f"{bench['steps']} steps (`{command}`).", "",
              f"| model | mode | training img/s | vs {baseline} |", "|---|---|---:|---:|"]
     for r in bench["results"]:
         lines.append(f"| `{r['model']}` | {r['mode']} | {r['images_per_s']:,.0f} | "
