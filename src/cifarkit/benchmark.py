@@ -53,7 +53,7 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     loader = TrainLoader(images, labels, batch_size, DataConfig(augment=AugmentConfig(crop_pad=4, flip=True)),
                          seed=0, memory_format=memory_format, shards=group.world_size,
                          own=range(group.rank, group.rank + 1))
-    batches = itertools.chain.from_iterable(loader.epoch(epoch) for epoch in itertools.count(1))
+    batches = loader.endless()
     loss_fn = ClassificationLoss()
     # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
     train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None, progress=group.writes)

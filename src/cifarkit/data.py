@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import logging
 import os
 import pickle
@@ -390,6 +391,10 @@ class TrainLoader:
                                      flip)
                     micro_batches.append((inputs.contiguous(memory_format=self.memory_format), self.labels[idx]))
             yield micro_batches
+
+    def endless(self):
+        """Steps without end, epoch after epoch: for measurements that count steps, not epochs."""
+        return itertools.chain.from_iterable(self.epoch(epoch) for epoch in itertools.count(1))
 
 
 def eval_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int):
