@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from cifarkit import models
+from cifarkit.models import layers
 from cifarkit.cli import main
 from cifarkit.errors import CifarkitError
 
@@ -55,3 +56,38 @@ def test_models_command(capsys):
     assert rows["cifar10net"]["macs"] == by_hand
     assert main(["models"]) == 0
     assert "815,018" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_matmul_weight_gradient_equals_the_convolutions(memory_format):
+    inputs = torch.randn(5, 6, 7, 3).contiguous(memory_format=memory_format)
+    weight = torch.randn(4, 6, 3, 3)
+    grad_output = torch.randn(5, 4, 7, 3).contiguous(memory_format=memory_format)
+    expected = torch.ops.aten.convolution_backward(grad_output, inputs, weight, None, [1, 1], [1, 1], [1, 1], False,
+                                                   [0, 0], 1, [False, True, False])[1]
+    torch.testing.assert_close(layers.weight_gradient_by_matmul(grad_output, inputs), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("width, matmul_path", [(7, True), (16, False)])
+def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path):
+    torch.manual_seed(0)
+    conv = layers.Conv3x3(16, 32)
+    reference = torch.nn.Conv2d(16, 32, 3, padding=1, bias=False)
+    reference.load_state_dict(conv.state_dict())
+    x = torch.randn(8, 16, width, width).contiguous(memory_format=torch.channels_last)
+    results = []
+    for module in (conv, reference):
+        inputs = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = module(inputs)
+        out.float().square().sum().backward()
+        results.append((out, inputs.grad, module.weight.grad))
+    (out, input_grad, weight_grad), (ref_out, ref_input_grad, ref_weight_grad) = results
+    assert ("Conv3x3MatmulWeightGrad" in type(out.grad_fn).__name__) == matmul_path
+    assert out.dtype == ref_out.dtype == torch.bfloat16 and weight_grad.dtype == torch.float32
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(input_grad, ref_input_grad)
+    # Both gradients are sums of bf16 products, rounded to bf16: equal to within a few of its ulps.
+    torch.testing.assert_close(weight_grad, ref_weight_grad, rtol=2e-2, atol=2e-2 * ref_weight_grad.abs().max().item())
+    # Evaluation, tracing and export see the plain convolution.
+    assert type(conv.eval()(x.requires_grad_()).grad_fn).__name__ == "ConvolutionBackward0"

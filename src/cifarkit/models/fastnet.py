@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cifarkit.models.layers import Conv3x3
 from cifarkit.models.registry import register
 
 WHITEN_PATCH = 2
@@ -28,7 +29,7 @@ def _norm(channels: int) -> nn.BatchNorm2d:
 
 
 def _conv(c_in: int, c_out: int) -> nn.Conv2d:
-    conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+    conv = Conv3x3(c_in, c_out)
     # Partial identity init: the first c_in filters pass their input channel through, so a net without residual
     # connections still starts close to an identity map and trains from its first steps.
     with torch.no_grad():

@@ -5,11 +5,13 @@ stride-1 convolutions keep the full resolution instead, which is what makes ResN
 """
 from torch import nn
 
+from cifarkit.models.layers import Conv3x3
 from cifarkit.models.registry import register
 
 
 def _conv_bn(c_in: int, c_out: int, stride: int = 1) -> list[nn.Module]:
-    return [nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out)]
+    conv = Conv3x3(c_in, c_out) if stride == 1 else nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+    return [conv, nn.BatchNorm2d(c_out)]
 
 
 class BasicBlock(nn.Module):
