@@ -89,5 +89,7 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path):
     torch.testing.assert_close(input_grad, ref_input_grad)
     # Both gradients are sums of bf16 products, rounded to bf16: equal to within a few of its ulps.
     torch.testing.assert_close(weight_grad, ref_weight_grad, rtol=2e-2, atol=2e-2 * ref_weight_grad.abs().max().item())
-    # Evaluation, tracing and export see the plain convolution.
-    assert type(conv.eval()(x.requires_grad_()).grad_fn).__name__ == "ConvolutionBackward0"
+    # fp32 training, evaluation, tracing and export see the plain convolution.
+    assert type(conv(x.requires_grad_()).grad_fn).__name__ == "ConvolutionBackward0"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert type(conv.eval()(x).grad_fn).__name__ == "ConvolutionBackward0"

@@ -1,12 +1,13 @@
 """Layers shared by the model families.
 
 `Conv3x3` is a stride-1, padding-1 3x3 convolution, an `nn.Conv2d` in every way that is saved or exported. Only its
-training backward on the CPU differs, and only for small images. `cifarkit profile` showed the convolutions' backward
-at half of a fastnet step, and in it oneDNN's weight-gradient kernel (brgconv_bwd_w, AMX) was the slow part for small
-images: on the 2-core AMX machine this was measured on, it took 3-4x the forward's time for the 256-channel layers at
-7x7 and 3x3. The same sum computed as one matmul over the 9 shifted copies of the input (im2col in channels-last)
-took 0.52x and 0.20x of oneDNN's time there (medians of 15 interleaved pairs, batch 500, bf16). At 15 and 31 pixels
-per row oneDNN was faster (1.9-5.9x), so larger images keep it.
+bf16 training backward on the CPU differs, and only for small images. `cifarkit profile` showed the convolutions'
+backward at half of a fastnet step, and in it oneDNN's weight-gradient kernel (brgconv_bwd_w, AMX) was the slow part
+for small images: on the 2-core AMX machine this was measured on, it took 3-4x the forward's time for the 256-channel
+layers at 7x7 and 3x3. The same sum computed as one matmul over the 9 shifted copies of the input (im2col in channels-
+last) took 0.52x and 0.20x of oneDNN's time there (medians of 15 interleaved pairs, batch 500, bf16). At 15 and 31
+pixels per row oneDNN was faster (1.9-5.9x), so larger images keep it, and so does fp32, where oneDNN's weight
+gradient took 0.9-1.2x the forward's time and the matmul 0.8-1.6x of oneDNN's (batch 256).
 """
 from __future__ import annotations
 
@@ -59,9 +60,11 @@ class Conv3x3(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"
                 and x.shape[-1] <= MATMUL_WEIGHT_GRAD_MAX_WIDTH):
-            # The cast autocast would make inside conv2d, made here: the gradient then flows back to the fp32
-            # weight through .to(), as it does through autocast's own cast.
             dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-            with torch.autocast("cpu", enabled=False):
-                return _Conv3x3MatmulWeightGrad.apply(x.to(dtype), self.weight.to(dtype))
+            # In fp32 oneDNN's weight gradient took about the forward's time, and the matmul was not faster.
+            if dtype == torch.bfloat16:
+                # The cast autocast would make inside conv2d, made here: the gradient then flows back to the fp32
+                # weight through .to(), as it does through autocast's own cast.
+                with torch.autocast("cpu", enabled=False):
+                    return _Conv3x3MatmulWeightGrad.apply(x.to(dtype), self.weight.to(dtype))
         return super().forward(x)
