@@ -63,6 +63,9 @@ def test_counts_out_of_range_are_argument_errors(capsys, argv, message):
     (["train", "--subset", "3"], "bad value for data.subset: 3 (need at least 10, one per class)"),
     (["train", "--subset", "100000"], "subset 100000 is larger than the 2000 training images left"),
     (["train", "--batch-size", "300", "--subset", "200"], "batch size 300 exceeds the 200 training images"),
+    (["train", "--recipe", "cifar10net", "--set", "train.whiten_bias_epochs=3"],
+     "train.whiten_bias_epochs is set, but model cifar10net has no whitening layer; "
+     "remove the setting (or use fastnet)"),
     (["train", "--seed", "-1"], f"bad value for train.seed: -1 (a seed is a whole number from 0 to {MAX_SEED:,})"),
     # seed * 100_003 + epoch seeds an epoch's generator: this one would overflow torch's 64 bits mid-run.
     (["train", "--seed", str(10**15)], "bad value for train.seed"),

@@ -121,6 +121,23 @@ def test_fast_recipe_smoke_one_epoch(cifar_home, tmp_path):
     assert summary["model"] == "fastnet" and summary["test_acc"] >= check["floor"]
 
 
+def test_whitening_bias_trains_for_its_epochs_then_freezes(cifar_home, tmp_path, monkeypatch):
+    after_epoch = []
+
+    def recording(state, *args, **kwargs):
+        stats = real_epoch(state, *args, **kwargs)
+        after_epoch.append({k: v.clone() for k, v in state.model.state_dict().items()})
+        return stats
+    real_epoch = train.train_one_epoch
+    monkeypatch.setattr(train, "train_one_epoch", recording)
+    train.run(load_recipe("fast", ["train.epochs=3", "train.whiten_bias_epochs=1", "train.batch_size=100",
+                                   "data.subset=300", "train.tta=false"]), out=tmp_path / "run")
+    initial = torch.zeros_like(after_epoch[0]["whiten.bias"])  # init_from_data zeroes it
+    assert not torch.equal(after_epoch[0]["whiten.bias"], initial)
+    assert torch.equal(after_epoch[2]["whiten.bias"], after_epoch[0]["whiten.bias"])
+    assert not torch.equal(after_epoch[2]["head.2.weight"], after_epoch[1]["head.2.weight"])  # the rest trains on
+
+
 def test_speedrun_command(cifar_home, tmp_path, capsys):
     out = tmp_path / "speed"
     assert main(["speedrun", "--recipe", "simplecnn", "--runs", "2", "--target", "0.1", "--set", "train.epochs=2",

@@ -83,6 +83,9 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     channels_last: bool = True
     compile: bool = False
+    # Epochs the whitening layer's bias trains before it freezes (FastNet); None: it trains throughout. Frozen, the
+    # first convolution's input gradient is not needed, which made fast's steps 1.07x faster here.
+    whiten_bias_epochs: int | None = None
     eval_every: int = 1  # evaluate on val/test every N epochs (the last epoch is always evaluated)
     # Micro-batches per step: batch_size / (processes x accumulate_steps) images each, their gradients summed into
     # one step; the same step as the whole batch at once (up to BatchNorm), in less memory.
@@ -193,6 +196,8 @@ def _check_ranges(recipe: Recipe) -> None:
     check_seed(recipe.train.seed, "train.seed")
     if recipe.data.subset is not None and recipe.data.subset < 10:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
+    if recipe.train.whiten_bias_epochs is not None and recipe.train.whiten_bias_epochs < 0:
+        raise CifarkitError(f"bad value for train.whiten_bias_epochs: {recipe.train.whiten_bias_epochs} (must be >= 0)")
     if recipe.train.ema_decay is not None and not 0.0 < recipe.train.ema_decay < 1.0:
         raise CifarkitError(f"bad value for train.ema_decay: {recipe.train.ema_decay} (must be in (0, 1))")
     if not 0.0 <= recipe.distill.weight <= 1.0:

@@ -107,14 +107,14 @@ def agree(group: Group, value):
     return holder[0]
 
 
-def wrap(model: nn.Module, group: Group, device: torch.device) -> nn.Module:
+def wrap(model: nn.Module, group: Group, device: torch.device, find_unused_parameters: bool = False) -> nn.Module:
     """The module whose forward passes average the gradients over the ranks. BatchNorm buffers are not broadcast at
     each forward: `average_buffers` keeps them equal instead, from every rank's statistics, not rank 0's alone."""
     if not group.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   forward_sync_buffers=False)
+                                   forward_sync_buffers=False, find_unused_parameters=find_unused_parameters)
 
 
 def average_buffers(model: nn.Module, group: Group) -> None:

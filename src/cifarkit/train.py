@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 import yaml
+from torch import nn
 
 import cifarkit
 from cifarkit import allocator, checkpoint, data, distributed, models, plots
-from cifarkit.config import Recipe, recipe_from_dict, to_dict
+from cifarkit.config import Recipe, TrainConfig, recipe_from_dict, to_dict
 from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
 from cifarkit.engine import ClassificationLoss, DistillationLoss, DivergenceError, TrainState, evaluate, train_one_epoch
 from cifarkit.errors import LOG_FORMAT, CifarkitError
@@ -215,6 +216,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
             try:
+                _freeze_for_epoch(model, cfg, epoch)
                 stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size,
                                         setup.loss_fn, device, precision, cfg.grad_clip,
                                         description=f"epoch {epoch}/{cfg.epochs}")
@@ -285,14 +287,25 @@ def _train_shard(recipe: Recipe, setup: _Setup, resumed: dict | None) -> None:
         checkpoint.restore_training(state, resumed)
         start_epoch = resumed["epoch"]
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        _freeze_for_epoch(state.model, cfg, epoch)
         train_one_epoch(state, setup.loader.epoch(epoch), setup.loader.steps_per_epoch, cfg.batch_size,
                         setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
+
+
+def _freeze_for_epoch(model: nn.Module, cfg: TrainConfig, epoch: int) -> None:
+    """airbench's whitening-bias freeze: set from the epoch alone, so a resumed run freezes where the unbroken one did.
+    The optimizer skips a parameter without a gradient, so its momentum stops with it."""
+    if cfg.whiten_bias_epochs is not None:
+        model.whiten.bias.requires_grad_(epoch <= cfg.whiten_bias_epochs)
 
 
 def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision, memory_format,
                  group: distributed.Group) -> TrainState:
     cfg = recipe.train
     model = models.create(recipe.model.name).to(device)
+    if cfg.whiten_bias_epochs is not None and not isinstance(getattr(model, "whiten", None), nn.Conv2d):
+        raise CifarkitError(f"train.whiten_bias_epochs is set, but model {recipe.model.name} has no whitening layer; "
+                            "remove the setting (or use fastnet)")
     if hasattr(model, "init_from_data"):  # data-dependent initialization, e.g. FastNet's whitening filters
         # Every rank holds the whole training set and draws the same sample: the same filters everywhere.
         sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(cfg.seed))[:5000]
@@ -301,7 +314,8 @@ def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device,
         model = distributed.sync_batchnorm(model, group, device)
     model = model.to(memory_format=memory_format)
     optimizer = build_optimizer(model, recipe.optim)
-    parallel = distributed.wrap(model, group, device)
+    # A parameter that stops training mid-run must be found unused by DDP, or its reducer waits for its gradient.
+    parallel = distributed.wrap(model, group, device, find_unused_parameters=cfg.whiten_bias_epochs is not None)
     return TrainState(
         model=model,
         forward=torch.compile(parallel) if cfg.compile else parallel,
