@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from cifarkit import models, release
+from cifarkit.benchmark import device_table
 from cifarkit.files import write_text
 from cifarkit.inference import SHIPPED
 
@@ -190,6 +191,20 @@ def scaling_block() -> str:
     return "\n".join(lines)
 
 
+def devices_block() -> str:
+    """results/bench-devices.json, written by `cifarkit bench --devices cpu cuda`: the CPU rows measured on this
+    project's machine, the CUDA rows on a GPU when one was lent (scripts/device_check.sh)."""
+    result = json.loads((RESULTS / "bench-devices.json").read_text())
+    env = result["environment"]
+    gpus = ", ".join(g["name"] for g in env["gpus"]) or "no GPU"
+    lines = [f"{env['processor']} ({env['threads']} threads), {gpus}; torch {env['torch']} (`{result['command']}`).",
+             "", device_table(result)]
+    if result["skipped"]:
+        lines += ["", "Not measured: " + "; ".join(f"{what} ({why})" for what, why in result["skipped"].items()) + "."]
+    lines += ["", "![training speed-up over the CPU in fp32, per model, device and mode](results/bench-devices.png)"]
+    return "\n".join(lines)
+
+
 def reference_block() -> str:
     """results/compare-reference.json, written by scripts/compare_reference.py: the published airbench94 next to
     `fast`, both timed as whole processes on this machine, alternating."""
@@ -212,7 +227,7 @@ def reference_block() -> str:
 
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
           "releases": releases_block, "inference": inference_block, "predict": predict_block, "serve": serve_block,
-          "scaling": scaling_block, "reference": reference_block}
+          "scaling": scaling_block, "reference": reference_block, "devices": devices_block}
 
 
 def main() -> None:

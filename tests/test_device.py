@@ -52,3 +52,32 @@ def test_bench_prints_a_table_and_writes_json(tmp_path, capsys):
     # The ratio is taken against the first mode's rate of the same model, from the same interleaved rounds.
     assert channels_last["speedup_vs_fp32"] == pytest.approx(channels_last["images_per_s"] / fp32["images_per_s"])
     assert f"| {channels_last['speedup_vs_fp32']:.2f}x |" in table
+
+
+def test_device_report_measures_each_configuration_in_its_own_process(tmp_path, capsys):
+    out = tmp_path / "devices.json"
+    assert main(["bench", "--devices", "cpu", "cuda", "--models", "simplecnn", "--steps", "2", "--rounds", "1",
+                 "--batch-size", "16", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    amp = "bf16+cl" if device.cpu_has_bf16() else None
+    assert [(r["device"], r["mode"], r["measured_as"]) for r in result["rows"] if r["device"] == "cpu"] == \
+        [("cpu", "fp32", "fp32")] + ([("cpu", "amp", amp)] if amp else [])
+    if not amp:
+        assert result["skipped"]["cpu amp"] == "no mixed precision on this device"
+    if not torch.cuda.is_available():
+        assert result["skipped"]["cuda"] == "not available here" and "skipped cuda: not available here" in printed
+    fp32 = result["rows"][0]
+    assert fp32["speedup_vs_cpu_fp32"] == 1.0 and fp32["epoch_s"] == pytest.approx(50_000 / fp32["images_per_s"])
+    for row in result["rows"]:
+        # the child process that imported torch and trained: far more than 50 MiB
+        assert row["peak_memory_kind"] == "peak RSS of the process" and row["peak_memory_bytes"] > 50 * 2**20
+        assert row["inference_images_per_s"] > 0 and len(row["samples"]) == 1
+        assert f"| {row['device']} | simplecnn |" in printed
+    assert (tmp_path / "devices.png").stat().st_size > 10_000
+    assert result["command"].startswith("cifarkit bench --devices cpu cuda")
+
+
+def test_device_report_needs_the_cpu_baseline(capsys):
+    assert main(["bench", "--devices", "cuda", "--models", "simplecnn"]) == 2
+    assert "include cpu in --devices and fp32 in --modes" in capsys.readouterr().err

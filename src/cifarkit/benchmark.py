@@ -12,6 +12,7 @@ import json
 import logging
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -76,6 +77,16 @@ def eval_throughput(model_name: str, mode: str, device: torch.device) -> float:
     return EVAL_IMAGES / (time.perf_counter() - started)
 
 
+def _bench_process(command: list[str], what: str) -> dict:
+    """The JSON that a `cifarkit bench` command, run as a process of its own, writes."""
+    with tempfile.TemporaryDirectory() as scratch:
+        result = Path(scratch) / "bench.json"
+        done = subprocess.run(command + ["--json", str(result)], capture_output=True, text=True)
+        if done.returncode:
+            raise CifarkitError(f"{what} failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return json.loads(result.read_text())
+
+
 def scaling(nprocs: list[int], model_name: str, mode: str, device: torch.device, batch_size: int, steps: int,
             rounds: int) -> dict:
     """Training img/s on 1, 2, 4... processes of this machine, each count launched by torchrun as a user would
@@ -88,16 +99,10 @@ def scaling(nprocs: list[int], model_name: str, mode: str, device: torch.device,
     for round_ in range(1, rounds + 1):
         for n in nprocs:
             log.info("scaling: round %d of %d, %d process(es)", round_, rounds, n)
-            with tempfile.TemporaryDirectory() as scratch:
-                result = Path(scratch) / "bench.json"
-                done = subprocess.run(distributed.torchrun(
-                    n, "bench", "--models", model_name, "--modes", mode, "--batch-size", str(batch_size), "--steps",
-                    str(steps), "--rounds", "1", "--device", device.type, "--json", str(result)),
-                    capture_output=True, text=True)
-                if done.returncode:
-                    raise CifarkitError(f"the {n}-process measurement failed: "
-                                        f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
-                samples[n].append(json.loads(result.read_text())["results"][0]["images_per_s"])
+            measured = _bench_process(distributed.torchrun(
+                n, "bench", "--models", model_name, "--modes", mode, "--batch-size", str(batch_size), "--steps",
+                str(steps), "--rounds", "1", "--device", device.type), f"the {n}-process measurement")
+            samples[n].append(measured["results"][0]["images_per_s"])
     base_n, base = nprocs[0], statistics.median(samples[nprocs[0]])
     rows = [{"processes": n, "images_per_s": statistics.median(values), "samples": values,
              "speedup": statistics.median(values) / base,
@@ -131,6 +136,91 @@ def train_throughput(model_names, modes, device: torch.device, batch_size: int =
         rows.append({"model": model_name, "mode": mode, "images_per_s": median, "samples": values,
                      f"speedup_vs_{modes[0]}": median / baseline})
     return rows
+
+
+AMP = "amp"  # in a device report: the mixed precision a run picks on that device (fp16 on CUDA, bf16 on the CPU)
+TRAIN_IMAGES = 50_000  # an epoch of CIFAR-10, for the epoch time a rate implies
+
+
+def amp_mode(device: torch.device) -> str | None:
+    """The MODES entry of the precision `train` picks on `device` by default (channels-last), or None if that is fp32."""
+    precision = pick_precision("auto", device).name
+    return None if precision == "fp32" else f"{precision}+cl"
+
+
+def peak_memory(device: torch.device) -> tuple[int | None, str]:
+    """(bytes, what they count): the most this process has held for `device`'s work so far."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+    if device.type == "cpu":
+        import resource  # Unix only, as this measure is
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return peak * (1 if sys.platform == "darwin" else 1024), "peak RSS of the process"
+    return None, "not measured on this device"
+
+
+def device_report(devices: list[str], model_names: list[str], modes: list[str], batch_size: int, steps: int,
+                  rounds: int) -> dict:
+    """Training img/s, epoch time, peak memory and inference img/s of each model on each available device, in fp32
+    and `amp`, and each one's speed-up over the CPU in fp32; devices not available here are listed as skipped.
+
+    Each training measurement is a process of its own (`cifarkit bench` for one model, mode and device), so that its
+    peak memory is its own: a process's peak RSS never comes down, and its allocator keeps what it freed. The
+    processes are interleaved round by round, and each configuration keeps its median rate and its largest peak.
+    """
+    if "cpu" not in devices or "fp32" not in modes:
+        raise CifarkitError("the device report measures speed-ups against the CPU in fp32: include cpu in --devices "
+                            "and fp32 in --modes")
+    for name in model_names:
+        models.create(name)  # an unknown name fails here, listing the registered ones, before anything is timed
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
+    skipped, configs = {}, []
+    for name in devices:
+        if not available[name]:
+            skipped[name] = "not available here"
+            continue
+        device = torch.device(name)
+        for mode in modes:
+            key = amp_mode(device) if mode == AMP else mode
+            problem = "no mixed precision on this device" if key is None else precision_problem(MODES[key][0], device)
+            if problem:
+                skipped[f"{name} {mode}"] = problem
+            else:
+                configs.extend((device, model, mode, key) for model in model_names)
+    samples: dict[tuple, list[dict]] = {c: [] for c in configs}
+    for round_ in range(1, rounds + 1):
+        for device, model, mode, key in configs:
+            log.info("round %d of %d: %s %s on %s", round_, rounds, model, key, device.type)
+            measured = _bench_process([sys.executable, "-m", "cifarkit", "bench", "--models", model, "--modes", key,
+                                       "--device", device.type, "--batch-size", str(batch_size), "--steps",
+                                       str(steps), "--rounds", "1"], f"measuring {model} {key} on {device.type}")
+            samples[(device, model, mode, key)].append({"images_per_s": measured["results"][0]["images_per_s"],
+                                                        **measured["peak_memory"]})
+    rates = {c: statistics.median(s["images_per_s"] for s in values) for c, values in samples.items()}
+    baseline = {c[1]: rate for c, rate in rates.items() if c[0].type == "cpu" and c[2] == "fp32"}
+    rows = []
+    for config, values in samples.items():
+        device, model, mode, key = config
+        peaks = [s["bytes"] for s in values if s["bytes"] is not None]
+        rows.append({"device": device.type, "model": model, "mode": mode, "measured_as": key,
+                     "images_per_s": rates[config], "samples": [s["images_per_s"] for s in values],
+                     "epoch_s": TRAIN_IMAGES / rates[config], "speedup_vs_cpu_fp32": rates[config] / baseline[model],
+                     "peak_memory_bytes": max(peaks) if peaks else None, "peak_memory_kind": values[0]["kind"],
+                     "inference_images_per_s": eval_throughput(model, key, device)})
+    return {"batch_size": batch_size, "steps": steps, "rounds": rounds, "eval_images": EVAL_IMAGES, "rows": rows,
+            "skipped": skipped}
+
+
+def device_table(result: dict) -> str:
+    """The device report as a markdown table (also what scripts/render_readme.py puts in the README)."""
+    lines = ["| device | model | mode | train img/s | epoch | vs CPU fp32 | peak memory | inference img/s |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        mode = r["mode"] if r["mode"] == r["measured_as"] else f"{r['mode']} ({r['measured_as']})"
+        memory = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**20:,.0f} MiB"
+        lines.append(f"| {r['device']} | {r['model']} | {mode} | {r['images_per_s']:,.0f} | {r['epoch_s']:.1f} s | "
+                     f"{r['speedup_vs_cpu_fp32']:.2f}x | {memory} | {r['inference_images_per_s']:,.0f} |")
+    return "\n".join(lines)
 
 
 def inference_throughput(classifiers: dict, pixels: np.ndarray, batch_sizes=(1, 256), rounds: int = 5,

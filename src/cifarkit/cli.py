@@ -13,6 +13,7 @@ from cifarkit.errors import LOG_FORMAT, CifarkitError, describe_os_error
 DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; see README measurements
 GRID_MAX = 256  # images in a `data show` grid: 32 rows of 8 still make a page; 100,000 once took 13 GB
 DEVICES = ("auto", "cuda", "mps", "cpu")
+BENCH_MODES = ["fp32", "bf16+cl"]  # bench's default: a CPU's plain and fast training
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
 # `cifarkit serve` options that set a ServeSettings field; tests/test_serve.py checks the defaults their help states.
 SERVE_SETTINGS = ("max_batch", "max_wait_ms", "max_queue", "timeout_s", "max_body_mb", "threads", "backend")
@@ -118,6 +119,8 @@ SHORTCUTS = {
     "device": ("train.device", DEVICES, "auto: CUDA, then MPS, then the CPU"),
     "precision": ("train.precision", PRECISION_CHOICES,
                   "auto: fp16 on CUDA, bf16 on CPUs with native bf16, fp32 otherwise"),
+    "track": ("train.track", ("mlflow",), "log params, per-epoch metrics and files to MLflow (MLFLOW_TRACKING_URI, "
+                                          "else sqlite:///mlflow.db here; needs the mlflow extra)"),
 }
 
 
@@ -195,17 +198,21 @@ def cmd_eval(args) -> None:
 
 def cmd_bench(args) -> None:
     from cifarkit import distributed
-    from cifarkit.benchmark import train_throughput
+    from cifarkit.benchmark import peak_memory, train_throughput
     from cifarkit.device import describe, pick_device, report
     from cifarkit.files import write_json
     from cifarkit.models import names
     if args.nproc:
         _bench_scaling(args)
         return
+    if args.devices:
+        _bench_devices(args)
+        return
+    modes = args.modes or BENCH_MODES
     group = distributed.launched()  # under torchrun: one of the processes `--nproc` measures
     device = distributed.init(group, pick_device(args.device), None)
     try:
-        rows = train_throughput(args.models or names(), args.modes, device, args.batch_size, args.steps, args.rounds,
+        rows = train_throughput(args.models or names(), modes, device, args.batch_size, args.steps, args.rounds,
                                 group)
     finally:
         distributed.finish(group)
@@ -215,17 +222,40 @@ def cmd_bench(args) -> None:
     print("\n".join(describe(env)))
     print(f"\ntraining throughput, batch {args.batch_size}, median of {_plural(args.rounds, 'round')} of "
           f"{_plural(args.steps, 'step')}")
-    print(f"| model | mode | img/s | vs {args.modes[0]} |\n|---|---|---:|---:|")
+    print(f"| model | mode | img/s | vs {modes[0]} |\n|---|---|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['mode']} | {r['images_per_s']:.0f} | {r[f'speedup_vs_{args.modes[0]}']:.2f}x |")
+        print(f"| {r['model']} | {r['mode']} | {r['images_per_s']:.0f} | {r[f'speedup_vs_{modes[0]}']:.2f}x |")
     if args.json:
         import resource
         usage = resource.getrusage(resource.RUSAGE_SELF)  # the allocator's share shows in page faults and system time
+        peak, kind = peak_memory(device)
         write_json(args.json, {"environment": env, "batch_size": args.batch_size, "steps": args.steps,
                                "rounds": args.rounds, "results": rows,
                                "process": {"minor_page_faults": usage.ru_minflt, "system_s": usage.ru_stime,
-                                           "user_s": usage.ru_utime}})
+                                           "user_s": usage.ru_utime},
+                               "peak_memory": {"bytes": peak, "kind": kind}})
         print(f"wrote {args.json}")
+
+
+def _bench_devices(args) -> None:
+    from cifarkit.benchmark import AMP, device_report, device_table
+    from cifarkit.device import describe, report
+    from cifarkit.files import write_json
+    from cifarkit.models import names
+    from cifarkit.plots import device_speedups
+    result = device_report(args.devices, args.models or names(), args.modes or ["fp32", AMP], args.batch_size,
+                           args.steps, args.rounds)
+    print("\n".join(describe(report())))
+    print(f"\ntraining and inference per device, batch {args.batch_size}, median of {_plural(args.rounds, 'round')} "
+          f"of {_plural(args.steps, 'step')}, each measured in a process of its own")
+    print(device_table(result))
+    for what, why in result["skipped"].items():
+        print(f"skipped {what}: {why}")
+    if args.json:
+        chart = Path(args.json).with_suffix(".png")
+        device_speedups(result, chart)
+        write_json(args.json, {"environment": report(), "command": "cifarkit " + " ".join(args.argv), **result})
+        print(f"wrote {args.json} and {chart}")
 
 
 def _bench_scaling(args) -> None:
@@ -233,7 +263,7 @@ def _bench_scaling(args) -> None:
     from cifarkit.device import describe, pick_device, report
     from cifarkit.files import write_json
     device = pick_device(args.device)
-    model, mode = (args.models or ["fastnet"])[0], args.modes[-1]
+    model, mode = (args.models or ["fastnet"])[0], (args.modes or BENCH_MODES)[-1]
     result = scaling(args.nproc, model, mode, device, args.batch_size, args.steps, args.rounds)
     env = report(device)
     print("\n".join(describe(env)))
@@ -277,6 +307,8 @@ def cmd_speedrun(args) -> None:
 
 
 def cmd_release(args) -> None:
+    if args.alias and not args.register:
+        raise CifarkitError("--alias names an alias of the registered model: give --register MODEL too")
     if args.check:
         from cifarkit.inference import release_dir
         from cifarkit.release import check
@@ -290,6 +322,7 @@ def cmd_release(args) -> None:
         if failed:
             raise CifarkitError(f"{folder}: {failed} file(s) failed the check; restore them, or write the release "
                                 f"again with `cifarkit release --force`")
+        _register(folder, args)
         return
     if not (args.run_dir and args.name):
         raise CifarkitError("give the run folder and --name to write a release, or --check RELEASE to verify one")
@@ -309,6 +342,17 @@ def cmd_release(args) -> None:
     handle = args.name if reached and reached.resolve() == target.resolve() else str(target)
     print(f"use it as `cifarkit predict --model {handle} IMAGE`, `cifarkit export {handle} --format onnx` or "
           f"`Classifier.load({handle!r})`")
+    _register(target, args)
+
+
+def _register(folder: Path, args) -> None:
+    if not args.register:
+        return
+    from cifarkit.tracking import register_release
+    done = register_release(folder, args.register, args.alias)
+    alias = f", alias {done['alias']!r}" if done["alias"] else ""
+    print(f"registered {folder} as version {done['version']} of MLflow model {done['model']!r}{alias} "
+          f"({done['tracking_uri']}, run {done['run_id']})")
 
 
 def cmd_compare(args) -> None:
@@ -459,9 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "bench", "training img/s per model and precision (prints a table, writes JSON)")
     p.add_argument("--models", nargs="+", help="registered model names (default: all; `cifarkit models` lists them)")
-    p.add_argument("--modes", nargs="+", default=["fp32", "bf16+cl"],
+    p.add_argument("--modes", nargs="+",
                    help="precision and memory layout: fp32, fp32+cl, bf16+cl, fp16+cl (cl = channels-last; "
-                        "default: fp32 bf16+cl); the first is the baseline of the speed-up column")
+                        "default: fp32 bf16+cl); the first is the baseline of the speed-up column. With --devices "
+                        "also amp, each device's default mixed precision (default there: fp32 amp)")
     p.add_argument("--batch-size", type=_bounded(1, 50_000, why="CIFAR-10 has 50,000 training images"), default=128,
                    help="images per step (default: 128)")
     p.add_argument("--steps", type=_bounded(1), default=10, help="timed steps per measurement (default: 10)")
@@ -472,6 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=_bounded(1), nargs="+", metavar="N",
                    help="measure data-parallel scaling instead: the first model (default fastnet) in the last mode, "
                         "on N processes each, launched by torchrun")
+    p.add_argument("--devices", nargs="+", choices=("cpu", "cuda", "mps"),
+                   help="the CPU-vs-GPU report instead: every model on each of these devices that is available "
+                        "(cpu included), against the CPU in fp32, with peak memory and inference img/s; --json "
+                        "also writes a bar chart beside it (.png)")
     p.set_defaults(func=cmd_bench)
 
     p = _command(sub, "profile", "where a recipe's training step spends its time (torch.profiler table, page faults)")
@@ -491,6 +540,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp16 halves the file; the metrics are measured on the stored weights either way")
     p.add_argument("--speedrun", help="speedrun JSON of the same recipe, for n, mean and std across seeds")
     p.add_argument("--keep-onnx", action="store_true", help="keep the model.onnx the speed measurement used")
+    p.add_argument("--register", metavar="MODEL",
+                   help="also register the release (after --check, the checked one) as a new version of this MLflow "
+                        "registered model (MLFLOW_TRACKING_URI; needs the mlflow extra)")
+    p.add_argument("--alias", help="with --register: point this alias of the model (e.g. champion) at the new version")
     p.set_defaults(func=cmd_release)
 
     p = _command(sub, "compare", "markdown table and PNG chart of the releases in a folder")

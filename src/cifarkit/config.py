@@ -86,6 +86,7 @@ class TrainConfig:
     # Epochs the whitening layer's bias trains before it freezes (FastNet); None: it trains throughout. Frozen, the
     # first convolution's input gradient is not needed, which made fast's steps 1.07x faster here.
     whiten_bias_epochs: int | None = None
+    track: str | None = None  # mlflow: params, per-epoch metrics, tags and files to MLflow (cifarkit/tracking.py)
     eval_every: int = 1  # evaluate on val/test every N epochs (the last epoch is always evaluated)
     # Micro-batches per step: batch_size / (processes x accumulate_steps) images each, their gradients summed into
     # one step; the same step as the whole batch at once (up to BatchNorm), in less memory.
@@ -122,6 +123,7 @@ CHOICES = {
     "train.device": ("auto", "cuda", "mps", "cpu"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.dist_backend": (None, "gloo", "nccl"),
+    "train.track": (None, "mlflow"),
     "data.augment.autoaugment": (None, "cifar10", "imagenet", "svhn"),
 }
 

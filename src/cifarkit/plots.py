@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from cifarkit.errors import CifarkitError  # noqa: E402
 from cifarkit.files import atomic_path  # noqa: E402
@@ -130,4 +130,29 @@ def release_comparison(releases: list[dict], path: Path) -> Figure:
     speed_ax.set_ylim(0, 1.12 * max(speeds))  # headroom for the tallest bar's label
     for ax in (acc_ax, speed_ax):
         ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def device_speedups(report: dict, path: Path) -> Figure:
+    """Training speed-up over the CPU in fp32 of each model on each device and mode (`cifarkit bench --devices`),
+    models side by side, on a log axis: a 40x GPU and a 2x bf16 CPU both stay readable."""
+    names = list(dict.fromkeys(r["model"] for r in report["rows"]))
+    series = list(dict.fromkeys(f"{r['device']} {r['mode']}" for r in report["rows"]))
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(names) * len(series) ** 0.5), 4))
+    for i, label in enumerate(series):
+        rows = {r["model"]: r for r in report["rows"] if f"{r['device']} {r['mode']}" == label}
+        xs = [j + (i - (len(series) - 1) / 2) * width for j, name in enumerate(names) if name in rows]
+        values = [rows[name]["speedup_vs_cpu_fp32"] for name in names if name in rows]
+        bars = ax.bar(xs, values, width, label=label)
+        ax.bar_label(bars, [f"{v:.1f}x" for v in values], padding=2, fontsize=7)
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda value, _: f"{value:g}x"))  # 2x, 3x, 10x rather than 2 x 10^0
+    ax.set_xticks(range(len(names)), names)
+    ax.set(ylabel="training img/s / CPU fp32", title=f"training speed-up over the CPU in fp32 (batch "
+                                                      f"{report['batch_size']})")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3, which="both")
     return _save(fig, path)

@@ -26,6 +26,7 @@ from cifarkit.engine import ClassificationLoss, DistillationLoss, DivergenceErro
 from cifarkit.errors import LOG_FORMAT, CifarkitError
 from cifarkit.files import portable, write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
+from cifarkit.tracking import open_tracker, require_mlflow
 
 log = logging.getLogger("cifarkit")
 
@@ -159,6 +160,8 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
         raise CifarkitError(f"train.batch_size {cfg.batch_size} does not split into {group.world_size} process(es) x "
                             f"{cfg.accumulate_steps} micro-batch(es); choose a batch size divisible by {shards}")
     precision = pick_precision(cfg.precision, device)
+    if cfg.track == "mlflow":
+        require_mlflow()  # missing, it fails here, before a run folder exists
     configure(device)
     if cfg.compile and device.type != "cuda":
         # torch.compile's toolchain probe warns that CUDA_HOME holds no CUDA runtime: true, and of no concern here.
@@ -212,6 +215,9 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     from torch.utils.tensorboard import SummaryWriter
     records = _read_metrics(out / "metrics.jsonl", start_epoch)
     writer = SummaryWriter(str(out / "tb"), purge_step=start_epoch + 1)
+    tracker = open_tracker(cfg.track, out, to_dict(recipe), setup.run_info)
+    for record in records:  # epochs a stopped run finished but did not get to send (the tracker skips the rest)
+        tracker.log_epoch(record)
     eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
@@ -221,6 +227,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
                                         setup.loss_fn, device, precision, cfg.grad_clip,
                                         description=f"epoch {epoch}/{cfg.epochs}")
             except DivergenceError as e:
+                tracker.stop("FAILED")
                 kept = (f"the checkpoint of epoch {epoch - 1} is kept in {out / 'checkpoints' / 'last.pt'}"
                         if epoch > 1 else "no epoch had finished, so there is no checkpoint")
                 raise DivergenceError(e.step, f"epoch {epoch}", kept) from None
@@ -248,6 +255,10 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
             checkpoint.save_training(out / "checkpoints" / "last.pt", state, epoch, {
                 "elapsed_s": elapsed + time.perf_counter() - started, "train_time_s": train_time, "best": best,
                 "world_size": setup.group.world_size})
+            tracker.log_epoch(record)  # after the checkpoint: a resumed run sends what the kill kept from it
+    except KeyboardInterrupt:
+        tracker.stop("KILLED")
+        raise
     finally:
         writer.close()
 
@@ -274,6 +285,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         "seed": cfg.seed, "torch": str(torch.__version__), "dataset_sha256": setup.dataset.sha256,
     }
     write_json(out / "summary.json", summary)
+    tracker.finish(summary)
     log.info("done: test accuracy %.2f%% (epoch %d), wall time %.1f s, run folder %s",
              100 * summary["test_acc"], selected_epoch, summary["wall_time_s"], out)
     return summary
