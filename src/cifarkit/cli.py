@@ -245,7 +245,8 @@ def _bench_devices(args) -> None:
     from cifarkit.plots import device_speedups
     result = device_report(args.devices, args.models or names(), args.modes or ["fp32", AMP], args.batch_size,
                            args.steps, args.rounds)
-    print("\n".join(describe(report())))
+    env = report()
+    print("\n".join(describe(env)))
     print(f"\ntraining and inference per device, batch {args.batch_size}, median of {_plural(args.rounds, 'round')} "
           f"of {_plural(args.steps, 'step')}, each measured in a process of its own")
     print(device_table(result))
@@ -254,7 +255,7 @@ def _bench_devices(args) -> None:
     if args.json:
         chart = Path(args.json).with_suffix(".png")
         device_speedups(result, chart)
-        write_json(args.json, {"environment": report(), "command": "cifarkit " + " ".join(args.argv), **result})
+        write_json(args.json, {"environment": env, "command": "cifarkit " + " ".join(args.argv), **result})
         print(f"wrote {args.json} and {chart}")
 
 

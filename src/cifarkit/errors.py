@@ -22,6 +22,11 @@ class CifarkitError(Exception):
     """A user-facing problem: the message names what is wrong and how to fix it, on one line."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none: for one-line reports."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def describe_os_error(error: OSError) -> str:
     """An OSError as one line: what failed, on which file, and what to do about it."""
     reason = error.strerror or (os.strerror(error.errno) if error.errno else str(error))

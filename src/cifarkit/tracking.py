@@ -18,7 +18,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from cifarkit.errors import CifarkitError
+from cifarkit.errors import CifarkitError, first_line
 from cifarkit.files import write_json
 
 log = logging.getLogger("cifarkit")
@@ -69,6 +69,13 @@ def require_mlflow(wanted_by: str = "train.track is mlflow"):
     return mlflow, MlflowClient
 
 
+def _experiment(client) -> tuple[str, str]:
+    """(name, id) of the experiment runs go to: MLFLOW_EXPERIMENT_NAME, else "cifarkit", created if need be."""
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
+    experiment = client.get_experiment_by_name(name)
+    return name, experiment.experiment_id if experiment else client.create_experiment(name)
+
+
 class NoTracker:
     def log_epoch(self, record: dict) -> None:
         pass
@@ -100,9 +107,7 @@ class MlflowTracker(NoTracker):
             self.client.update_run(self.state["run_id"], status="RUNNING")
             log.info("MLflow: continuing run %s at %s", self.state["run_id"], self.state["tracking_uri"])
             return
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
-        experiment = self.client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        name, experiment_id = _experiment(self.client)
         tags = {"device": run_info["device"], "precision": run_info["precision"],
                 "torch": run_info["versions"]["torch"], "cifarkit": run_info["versions"]["cifarkit"],
                 "dataset_sha256": run_info["dataset_sha256"], "run_folder": self.out.name}
@@ -128,8 +133,8 @@ class MlflowTracker(NoTracker):
             action(*args)
         except Exception as e:  # any failure of the store: training matters more than its record
             self.active = False
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            log.warning("MLflow tracking failed to %s (%s); training goes on without tracking", what, first[:300])
+            log.warning("MLflow tracking failed to %s (%s); training goes on without tracking", what,
+                        first_line(e)[:300])
 
     def log_epoch(self, record: dict) -> None:
         self._safely(f"log epoch {record['epoch']}", self._log_epoch, record)
@@ -175,9 +180,7 @@ def register_release(folder: Path, model_name: str, alias: str | None) -> dict:
     metrics = json.loads((folder / "metrics.json").read_text())
     client = client_class()
     try:
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT)
-        experiment = client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+        _, experiment_id = _experiment(client)
         tags = {"release": metrics["release"], "model": metrics["model"], "weights_sha256": metrics["weights_sha256"]}
         run = client.create_run(experiment_id, run_name=f"release {metrics['release']}", tags=tags)
         client.log_artifacts(run.info.run_id, str(folder), artifact_path="release")
@@ -189,8 +192,8 @@ def register_release(folder: Path, model_name: str, alias: str | None) -> dict:
         if alias:
             client.set_registered_model_alias(model_name, alias, version.version)
     except Exception as e:  # the store's own errors, and a store that cannot be reached
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CifarkitError(f"the release in {folder} is complete, but registering it in MLflow failed: {first}; "
-                            f"check MLFLOW_TRACKING_URI, then `cifarkit release --check {folder} --register {model_name}`") from None
+        raise CifarkitError(f"the release in {folder} is complete, but registering it in MLflow failed: "
+                            f"{first_line(e)}; check MLFLOW_TRACKING_URI, then "
+                            f"`cifarkit release --check {folder} --register {model_name}`") from None
     return {"model": model_name, "version": version.version, "alias": alias, "run_id": run.info.run_id,
             "tracking_uri": mlflow.get_tracking_uri()}

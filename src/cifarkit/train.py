@@ -23,7 +23,7 @@ from cifarkit import allocator, checkpoint, data, distributed, models, plots
 from cifarkit.config import Recipe, TrainConfig, recipe_from_dict, to_dict
 from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
 from cifarkit.engine import ClassificationLoss, DistillationLoss, DivergenceError, TrainState, evaluate, train_one_epoch
-from cifarkit.errors import LOG_FORMAT, CifarkitError
+from cifarkit.errors import LOG_FORMAT, CifarkitError, first_line
 from cifarkit.files import portable, write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
 from cifarkit.tracking import open_tracker, require_mlflow
@@ -145,8 +145,7 @@ def _read_run(out: Path) -> tuple[Recipe, dict | None]:
             raise CifarkitError("not a mapping of recipe sections")
         recipe = recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
     except (yaml.YAMLError, UnicodeDecodeError, CifarkitError, TypeError, ValueError) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CifarkitError(f"{config_path} is damaged ({message}); restore it, or start a new run with "
+        raise CifarkitError(f"{config_path} is damaged ({first_line(e)}); restore it, or start a new run with "
                             f"`cifarkit train --out NEW_FOLDER`") from None
     last = out / "checkpoints" / "last.pt"
     return recipe, (checkpoint.load_training(last) if last.exists() else None)
