@@ -2,6 +2,7 @@
 import json
 import logging
 import socket
+import time
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -26,6 +27,7 @@ def mlflow_run(store, run_folder):
 
 
 def test_a_tracked_run_sends_params_metrics_tags_and_files(cifar_home, store, tmp_path):
+    started_ms = 1000 * time.time()
     summary = train.run(load_recipe("cifar10net", QUICK), out=tmp_path / "run")
     run = mlflow_run(store, tmp_path / "run")
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
@@ -39,6 +41,7 @@ def test_a_tracked_run_sends_params_metrics_tags_and_files(cifar_home, store, tm
     for key in ("train_loss", "test_acc", "lr", "images_per_s"):
         history = store.get_metric_history(run.info.run_id, key)
         assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in records], key
+        assert all(m.timestamp >= started_ms - 1000 for m in history)  # wall-clock times, when the epoch ended
     assert run.data.metrics["final_test_acc"] == pytest.approx(summary["test_acc"])
     files = {a.path for a in store.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "summary.json", "curves.png", "model.safetensors", "train.log"} <= files

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from cifarkit.errors import CifarkitError, first_line
@@ -144,7 +145,7 @@ class MlflowTracker(NoTracker):
         epoch = record["epoch"]
         if epoch <= self.state["logged_epochs"]:
             return  # logged before the run was stopped and resumed
-        stamp = int(1000 * record.get("elapsed_s", 0))
+        stamp = int(1000 * time.time())  # MLflow's timestamps are wall-clock milliseconds
         metrics = [Metric(key, float(value), stamp, epoch) for key, value in record.items()
                    if key != "epoch" and isinstance(value, (int, float))]
         self.client.log_batch(self.state["run_id"], metrics=metrics)
@@ -158,7 +159,9 @@ class MlflowTracker(NoTracker):
         from mlflow.entities import Metric
         run_id = self.state["run_id"]
         finals = {f"final_{key}": summary[key] for key in ("test_acc", "test_loss", "wall_time_s", "train_time_s")}
-        self.client.log_batch(run_id, metrics=[Metric(k, float(v), 0, summary["epochs"]) for k, v in finals.items()])
+        stamp = int(1000 * time.time())
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, summary["epochs"])
+                                               for k, v in finals.items()])
         for name in ARTIFACTS:
             if (self.out / name).is_file():
                 self.client.log_artifact(run_id, str(self.out / name))
