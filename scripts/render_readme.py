@@ -225,9 +225,41 @@ def reference_block() -> str:
     return "\n".join(lines)
 
 
+def containers_block() -> str:
+    """results/container-check.json, written by scripts/container_check.py: both images built offline and run."""
+    path = RESULTS / "container-check.json"
+    if not path.exists():
+        return ("Not measured yet: `python scripts/container_check.py --json results/container-check.json` writes it, "
+                "and `scripts/render_readme.py` renders it here.")
+    result = json.loads(path.read_text())
+    base, wheels, cpu = result["base"], result["wheelhouse"], result["cpu"]
+    serving = cpu["serving"]
+    models = ", ".join(sorted({p["model"] for p in serving["predictions"].values()}))
+    answers = f"release {models} answered " + ", ".join(f"{name} {p['label']} {p['confidence']:.0%}"
+                                                        for name, p in serving["predictions"].items())
+    lines = [f"{result['engine']}, base `{base['image']}` (Python {base['python']}: {base['made_by']}), "
+             f"{wheels['wheels']} wheels ({wheels['mib']:,} MiB) in the wheelhouse (`{result['command']}`).", "",
+             "| image | built offline | size | user | command | in the container |", "|---|---:|---:|---|---|---|",
+             f"| `{cpu['dockerfile']}` on `{cpu['base']}` | {cpu['build_seconds']:.0f} s | {cpu['image_mib']:,} MiB | "
+             f"{cpu['user']} (uid {serving['uid']}) | `{' '.join(cpu['cmd'])}` | healthy "
+             f"{serving['healthy_seconds']:.1f} s after the start; {answers} |"]
+    if "cuda" in result:
+        cuda, training = result["cuda"], result["cuda"]["training"]
+        verdict = "passes" if training["healthcheck_passes"] else "fails, as it should without a GPU"
+        lines.append(f"| `{cuda['dockerfile']}` on the stand-in `{cuda['base']}` | {cuda['build_seconds']:.0f} s | "
+                     f"{cuda['image_mib']:,} MiB | {cuda['user']} | `{' '.join(cuda['cmd'])}` | "
+                     f"`{training['command']}`: {training['seconds']:.0f} s on the {training['device']} "
+                     f"({training['precision']}), test accuracy {training['test_acc']:.1%}; the healthcheck {verdict} |")
+    lines += ["", "The wheelhouse here holds PyPI's torch, the CUDA build, so the CPU image measured here carries CUDA's "
+                  "libraries; built online from PyTorch's CPU-only index it would not (that index is not reachable "
+                  "here)."]
+    return "\n".join(lines)
+
+
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
           "releases": releases_block, "inference": inference_block, "predict": predict_block, "serve": serve_block,
-          "scaling": scaling_block, "reference": reference_block, "devices": devices_block}
+          "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
+          "containers": containers_block}
 
 
 def main() -> None:
