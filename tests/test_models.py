@@ -10,11 +10,11 @@ from cifarkit.errors import CifarkitError
 
 
 
-def fastnet_params(w1, w2, w3):
-    """Whitening conv (2x2, 3->24, bias), three groups of two bias-free 3x3 convs with BatchNorm, a 10-way head."""
+def fastnet_params(w1, w2, w3, depth=2):
+    """Whitening conv (2x2, 3->24, bias), three groups of `depth` bias-free 3x3 convs with BatchNorm, a 10-way head."""
     widths = [(24, w1), (w1, w2), (w2, w3)]
-    convs = sum(9 * c_in * c_out + 9 * c_out * c_out for c_in, c_out in widths)
-    norms = sum(2 * 2 * c_out for _, c_out in widths)
+    convs = sum(9 * c_in * c_out + (depth - 1) * 9 * c_out * c_out for c_in, c_out in widths)
+    norms = sum(depth * 2 * c_out for _, c_out in widths)
     return 3 * 24 * 4 + 24 + convs + norms + 10 * w3
 
 
@@ -22,7 +22,9 @@ def fastnet_params(w1, w2, w3):
 EXPECTED_PARAMS = {"cifar10net": (815_018, 815_018), "simplecnn": (113_738, 113_738),
                    "resnet18": (11_150_000, 11_300_000),
                    "fastnet": (fastnet_params(64, 256, 256),) * 2,
-                   "fastnet_wide": (fastnet_params(128, 384, 384),) * 2}
+                   "fastnet_wide": (fastnet_params(128, 384, 384),) * 2,
+                   "fastnet_deep": (fastnet_params(128, 384, 512, depth=3),) * 2,
+                   "fastnet_proxy": (fastnet_params(32, 64, 64),) * 2}
 
 
 @pytest.mark.parametrize("name", models.names())
@@ -34,6 +36,15 @@ def test_registry_model_counts_and_forward(name):
     assert out.shape == (2, 10)
 
 
+def test_a_residual_group_adds_its_pooled_input_back_after_its_third_convolution():
+    from cifarkit.models.fastnet import ResidualConvGroup
+    group = ResidualConvGroup(8, 16).eval()
+    x = torch.randn(2, 8, 8, 8)
+    pooled = group[3](group[2](group[1](group[0](x))))
+    branch = group[8](group[7](group[6](group[5](group[4](pooled)))))
+    assert torch.allclose(group(x), torch.nn.functional.gelu(pooled + branch))
+
+
 def test_resnet18_keeps_full_resolution_in_the_stem():
     model = models.create("resnet18")
     stem_convs = [m for m in model.stem if isinstance(m, torch.nn.Conv2d)]
@@ -42,7 +53,7 @@ def test_resnet18_keeps_full_resolution_in_the_stem():
 
 
 def test_unknown_model_lists_the_choices():
-    with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, fastnet_wide, resnet18, simplecnn"):
+    with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, fastnet_deep, fastnet_proxy, fastnet_wide, resnet18, simplecnn"):
         models.create("resnet50")
 
 

@@ -47,6 +47,7 @@ def save_training(path: Path, state: TrainState, epoch: int, extra: dict) -> Non
         "scaler": state.scaler.state_dict(),
         "ema": state.ema.state_dict() if state.ema is not None else None,
         "lookahead": state.lookahead.state_dict() if state.lookahead is not None else None,
+        "selector": state.selector.state_dict() if state.selector is not None else None,
         "rng": rng_states(),
         **extra,
     }
@@ -75,6 +76,8 @@ def restore_training(state: TrainState, payload: dict) -> None:
         state.ema.load_state_dict(payload["ema"])
     if state.lookahead is not None:
         state.lookahead.load_state_dict(payload["lookahead"])
+    if state.selector is not None:
+        state.selector.load_state_dict(payload["selector"])
     restore_rng(payload["rng"])
 
 

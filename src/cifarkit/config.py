@@ -86,6 +86,11 @@ class TrainConfig:
     # Epochs the whitening layer's bias trains before it freezes (FastNet); None: it trains throughout. Frozen, the
     # first convolution's input gradient is not needed, which made fast's steps 1.07x faster here.
     whiten_bias_epochs: int | None = None
+    # Train on the hardest fraction of each batch, as a small proxy model's loss ranks its images (airbench96's data
+    # filtering; engine.HardestSelector); None: on every image. The proxy learns on one step in select_proxy_every.
+    select_fraction: float | None = None
+    select_proxy: str = "fastnet_proxy"
+    select_proxy_every: int = 4
     track: str | None = None  # mlflow: params, per-epoch metrics, tags and files to MLflow (cifarkit/tracking.py)
     eval_every: int = 1  # evaluate on val/test every N epochs (the last epoch is always evaluated)
     # Micro-batches per step: batch_size / (processes x accumulate_steps) images each, their gradients summed into
@@ -191,6 +196,7 @@ def _check_ranges(recipe: Recipe) -> None:
     positive = {"train.epochs": recipe.train.epochs, "train.batch_size": recipe.train.batch_size,
                 "optim.lr": recipe.optim.lr, "train.eval_every": recipe.train.eval_every,
                 "train.accumulate_steps": recipe.train.accumulate_steps,
+                "train.select_proxy_every": recipe.train.select_proxy_every,
                 "distill.temperature": recipe.distill.temperature}
     for key, value in positive.items():
         if value <= 0:
@@ -200,6 +206,8 @@ def _check_ranges(recipe: Recipe) -> None:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
     if recipe.train.whiten_bias_epochs is not None and recipe.train.whiten_bias_epochs < 0:
         raise CifarkitError(f"bad value for train.whiten_bias_epochs: {recipe.train.whiten_bias_epochs} (must be >= 0)")
+    if recipe.train.select_fraction is not None and not 0.0 < recipe.train.select_fraction <= 1.0:
+        raise CifarkitError(f"bad value for train.select_fraction: {recipe.train.select_fraction} (must be in (0, 1])")
     if recipe.train.ema_decay is not None and not 0.0 < recipe.train.ema_decay < 1.0:
         raise CifarkitError(f"bad value for train.ema_decay: {recipe.train.ema_decay} (must be in (0, 1))")
     if not 0.0 <= recipe.distill.weight <= 1.0:

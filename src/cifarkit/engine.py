@@ -43,6 +43,53 @@ class TrainState:
     # of an accumulated step but the last. after_step: what follows every optimizer step (ranks' BatchNorm stats).
     no_sync: Callable[[], ContextManager] = contextlib.nullcontext
     after_step: Callable[[nn.Module], None] = lambda model: None
+    selector: HardestSelector | None = None  # picks the images of each batch that the model trains on
+
+
+class HardestSelector:
+    """Keeps the hardest `fraction` of each batch, as ranked by the loss of a small proxy model (airbench96's data
+    filtering): the model's steps then cost `fraction` of a full batch's, and the proxy's ranking a few percent more.
+
+    The proxy learns as the run goes, one step in `train_every`, on the images it picked; on the other steps it only
+    ranks. It depends on the batches alone, never on the model it selects for. `proxy` is its own TrainState
+    (optimizer, schedule, scaler), saved and restored with the run's checkpoint.
+    """
+
+    def __init__(self, proxy: TrainState, fraction: float, train_every: int, label_smoothing: float,
+                 device: torch.device, precision: Precision):
+        self.proxy, self.fraction, self.train_every = proxy, fraction, train_every
+        self.label_smoothing, self.device, self.precision = label_smoothing, device, precision
+        self.steps = 0
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        proxy = self.proxy
+        learns = self.steps % self.train_every == 0
+        proxy.model.train()
+        with torch.set_grad_enabled(learns), autocast(self.device, self.precision):
+            losses = F.cross_entropy(proxy.forward(inputs).float(), labels, reduction="none",
+                                     label_smoothing=self.label_smoothing)
+        # Sorted back into batch order: the same images in the same order whatever their losses' order.
+        hardest = losses.detach().topk(max(1, round(self.fraction * len(labels)))).indices.sort().values
+        if learns:
+            proxy.optimizer.zero_grad(set_to_none=True)
+            proxy.scaler.scale(losses[hardest].mean()).backward()
+            proxy.scaler.step(proxy.optimizer)
+            proxy.scaler.update()
+        proxy.scheduler.step()
+        self.steps += 1
+        return inputs[hardest], labels[hardest]
+
+    def state_dict(self) -> dict:
+        return {"model": self.proxy.model.state_dict(), "optimizer": self.proxy.optimizer.state_dict(),
+                "scheduler": self.proxy.scheduler.state_dict(), "scaler": self.proxy.scaler.state_dict(),
+                "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.proxy.model.load_state_dict(state["model"])
+        self.proxy.optimizer.load_state_dict(state["optimizer"])
+        self.proxy.scheduler.load_state_dict(state["scheduler"])
+        self.proxy.scaler.load_state_dict(state["scaler"])
+        self.steps = state["steps"]
 
 
 class ClassificationLoss:
@@ -80,11 +127,12 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
                     description: str = "", progress: bool = True) -> dict:
     """`batches` yields each step's micro-batches, a list of (normalized, augmented inputs, labels) on the device:
     their gradients add up to one optimizer step, as if they were one batch. `batch_size`: images per step over all
-    ranks. The figures returned cover every rank's images."""
+    ranks. The figures returned cover every rank's images; with a selector, the loss and accuracy are those of the
+    images the model trained on, and the speed counts every image drawn."""
     state.model.train()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
-    seen = 0
+    seen = drawn = 0
     start = time.perf_counter()
     # disable=None hides the bar when stderr is not a terminal (CI logs, pipes). Closed on the way out of an error or
     # a Ctrl-C too, so the one-line message that follows starts on a line of its own.
@@ -99,6 +147,10 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
             for i, (inputs, labels) in enumerate(micro_batches, 1):
                 if found is not None:
                     _set_buffers(state.model, found)
+                drawn += len(labels)
+                if state.selector is not None:
+                    with record_function("selection"):
+                        inputs, labels = state.selector(inputs, labels)
                 # The ranks average their gradients once a step, in the last micro-batch's backward pass.
                 with state.no_sync() if i < len(micro_batches) else contextlib.nullcontext():
                     with record_function("forward"), autocast(device, precision):
@@ -131,9 +183,10 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
             if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
                 _check_finite(loss_sum, step)
     seconds = time.perf_counter() - start
-    loss_total, correct_total, seen_total = sum_over_ranks(loss_sum, correct, torch.tensor(seen, device=device))
+    loss_total, correct_total, seen_total, drawn_total = sum_over_ranks(
+        loss_sum, correct, torch.tensor(seen, device=device), torch.tensor(drawn, device=device))
     return {"train_loss": loss_total.item() / seen_total.item(), "train_acc": correct_total.item() / seen_total.item(),
-            "epoch_time_s": seconds, "images_per_s": seen_total.item() / seconds}
+            "epoch_time_s": seconds, "images_per_s": drawn_total.item() / seconds}
 
 
 def _set_buffers(model: nn.Module, values: list[torch.Tensor]) -> None:

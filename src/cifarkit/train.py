@@ -22,7 +22,8 @@ import cifarkit
 from cifarkit import allocator, checkpoint, data, distributed, models, plots
 from cifarkit.config import Recipe, TrainConfig, recipe_from_dict, to_dict
 from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
-from cifarkit.engine import ClassificationLoss, DistillationLoss, DivergenceError, TrainState, evaluate, train_one_epoch
+from cifarkit.engine import (ClassificationLoss, DistillationLoss, DivergenceError, HardestSelector, TrainState, evaluate,
+                             train_one_epoch)
 from cifarkit.errors import LOG_FORMAT, CifarkitError, first_line
 from cifarkit.files import portable, write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
@@ -158,6 +159,9 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     if cfg.batch_size % shards:
         raise CifarkitError(f"train.batch_size {cfg.batch_size} does not split into {group.world_size} process(es) x "
                             f"{cfg.accumulate_steps} micro-batch(es); choose a batch size divisible by {shards}")
+    if cfg.select_fraction is not None and shards > 1:
+        raise CifarkitError("train.select_fraction ranks whole batches in one process; train with one process and "
+                            "train.accumulate_steps 1, or remove the setting")
     precision = pick_precision(cfg.precision, device)
     if cfg.track == "mlflow":
         require_mlflow()  # missing, it fails here, before a run folder exists
@@ -317,10 +321,7 @@ def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device,
     if cfg.whiten_bias_epochs is not None and not isinstance(getattr(model, "whiten", None), nn.Conv2d):
         raise CifarkitError(f"train.whiten_bias_epochs is set, but model {recipe.model.name} has no whitening layer; "
                             "remove the setting (or use fastnet)")
-    if hasattr(model, "init_from_data"):  # data-dependent initialization, e.g. FastNet's whitening filters
-        # Every rank holds the whole training set and draws the same sample: the same filters everywhere.
-        sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(cfg.seed))[:5000]
-        model.init_from_data(data.normalize(loader.images[sample.to(device)], recipe.data.mean, recipe.data.std))
+    _init_from_data(model, recipe, loader)
     if cfg.sync_bn:
         model = distributed.sync_batchnorm(model, group, device)
     model = model.to(memory_format=memory_format)
@@ -338,7 +339,36 @@ def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device,
         ema=build_ema(model, cfg.ema_decay),
         lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay,
                                   total_steps=cfg.epochs * loader.steps_per_epoch),
+        selector=_build_selector(recipe, loader, device, precision, memory_format),
     )
+
+
+def _init_from_data(model: nn.Module, recipe: Recipe, loader: data.TrainLoader) -> None:
+    """Data-dependent initialization, e.g. FastNet's whitening filters. Every rank holds the whole training set and
+    draws the same sample: the same filters everywhere."""
+    if hasattr(model, "init_from_data"):
+        sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(recipe.train.seed))[:5000]
+        images = loader.images[sample.to(loader.images.device)]
+        model.init_from_data(data.normalize(images, recipe.data.mean, recipe.data.std))
+
+
+def _build_selector(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision,
+                    memory_format) -> HardestSelector | None:
+    """The proxy that ranks each batch's images for train.select_fraction: its own model, built from the recipe's
+    optimizer and schedule, as airbench96 trains its proxy with its main net's settings."""
+    cfg = recipe.train
+    if cfg.select_fraction is None:
+        return None
+    proxy = models.create(cfg.select_proxy).to(device)
+    _init_from_data(proxy, recipe, loader)
+    if isinstance(getattr(proxy, "whiten", None), nn.Conv2d):
+        proxy.whiten.bias.requires_grad_(False)  # airbench96's proxy never trains it: ranking needs no more
+    proxy = proxy.to(memory_format=memory_format)
+    optimizer = build_optimizer(proxy, recipe.optim)
+    state = TrainState(model=proxy, forward=proxy, optimizer=optimizer,
+                       scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch),
+                       scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler), ema=None)
+    return HardestSelector(state, cfg.select_fraction, cfg.select_proxy_every, cfg.label_smoothing, device, precision)
 
 
 def _loss(recipe: Recipe, device: torch.device, memory_format, run_info: dict) -> ClassificationLoss:

@@ -45,15 +45,30 @@ class ConvGroup(nn.Sequential):
         )
 
 
+class ResidualConvGroup(ConvGroup):
+    """ConvGroup with a third convolution, and the pooled input added back after it (airbench96's group): depth
+    without a longer path for the gradient. Its first seven modules are ConvGroup's, in ConvGroup's order."""
+
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__(c_in, c_out)
+        self.append(_conv(c_out, c_out))
+        self.append(_norm(c_out))
+
+    def forward(self, x):
+        conv1, pool, norm1, act, conv2, norm2, _, conv3, norm3 = self
+        x = act(norm1(pool(conv1(x))))
+        return act(x + norm3(conv3(act(norm2(conv2(x))))))
+
+
 class FastNet(nn.Module):
-    def __init__(self, widths=(64, 256, 256), num_classes: int = 10):
+    def __init__(self, widths=(64, 256, 256), num_classes: int = 10, residual: bool = False):
         super().__init__()
         whiten_channels = 2 * 3 * WHITEN_PATCH**2  # each eigenvector and its negation (GELU is not odd)
         self.whiten = nn.Conv2d(3, whiten_channels, WHITEN_PATCH, padding=0, bias=True)
         self.whiten.weight.requires_grad_(False)
         groups, c_in = [], whiten_channels
         for width in widths:
-            groups.append(ConvGroup(c_in, width))
+            groups.append((ResidualConvGroup if residual else ConvGroup)(c_in, width))
             c_in = width
         self.body = nn.Sequential(nn.GELU(), *groups)  # 31 -> 15 -> 7 -> 3 pixels
         self.head = nn.Sequential(nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes, bias=False))
@@ -84,3 +99,15 @@ def fastnet() -> nn.Module:
 def fastnet_wide() -> nn.Module:
     # airbench95's widths: about 2.5x the compute of fastnet for ~1 more point in a longer run.
     return FastNet((128, 384, 384))
+
+
+@register
+def fastnet_deep() -> nn.Module:
+    # airbench96's net: three convolutions per group with a residual, widths 128/384/512, for 96% in a longer run.
+    return FastNet((128, 384, 512), residual=True)
+
+
+@register
+def fastnet_proxy() -> nn.Module:
+    # airbench96's proxy (widths 32/64/64): cheap enough to rank every batch's images by loss for a larger net.
+    return FastNet((32, 64, 64))
