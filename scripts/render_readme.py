@@ -249,10 +249,11 @@ def containers_block() -> str:
         lines.append(f"| `{cuda['dockerfile']}` on the stand-in `{cuda['base']}` | {cuda['build_seconds']:.0f} s | "
                      f"{cuda['image_mib']:,} MiB | {cuda['user']} | `{' '.join(cuda['cmd'])}` | "
                      f"`{training['command']}`: {training['seconds']:.0f} s on the {training['device']} "
-                     f"({training['precision']}), test accuracy {training['test_acc']:.1%}; the healthcheck {verdict} |")
-    lines += ["", "The wheelhouse here holds PyPI's torch, the CUDA build, so the CPU image measured here carries CUDA's "
-                  "libraries; built online from PyTorch's CPU-only index it would not (that index is not reachable "
-                  "here)."]
+                     f"({training['precision']}), test accuracy {training['test_acc']:.1%}; "
+                     f"the healthcheck {verdict} |")
+    lines += ["", "The wheelhouse here holds PyPI's torch, the CUDA build, so the CPU image measured here carries "
+                  "CUDA's libraries; built online from PyTorch's CPU-only index it would not (that index is not "
+                  "reachable here)."]
     return "\n".join(lines)
 
 
