@@ -107,13 +107,20 @@ def predict_block() -> str:
     return "```\n" + printed + "```"
 
 
+def _measured(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _not_measured(name: str, command: str) -> str:
+    return f"Not measured yet: `{command}` writes `results/{name}`, and `scripts/render_readme.py` renders it here."
+
+
 def serve_block() -> str:
     """results/serve-bench.json, written by scripts/bench_serve.py: batched against unbatched per concurrency."""
-    path = RESULTS / "serve-bench.json"
-    if not path.exists():
-        return ("Not measured yet: `python scripts/bench_serve.py` writes `results/serve-bench.json`, and "
-                "`scripts/render_readme.py` renders it here.")
-    bench = json.loads(path.read_text())
+    bench = _measured("serve-bench.json")
+    if bench is None:
+        return _not_measured("serve-bench.json", "python scripts/bench_serve.py")
     env, servers, summary = bench["environment"], bench["servers"], bench["summary"]
     batching = servers["batched"]["batching"]
     unbatched = {level["concurrency"]: level for level in servers["unbatched"]["levels"]}
@@ -227,15 +234,14 @@ def reference_block() -> str:
 
 def containers_block() -> str:
     """results/container-check.json, written by scripts/container_check.py: both images built offline and run."""
-    path = RESULTS / "container-check.json"
-    if not path.exists():
-        return ("Not measured yet: `python scripts/container_check.py --json results/container-check.json` writes it, "
-                "and `scripts/render_readme.py` renders it here.")
-    result = json.loads(path.read_text())
+    result = _measured("container-check.json")
+    if result is None:
+        return _not_measured("container-check.json",
+                             "python scripts/container_check.py --json results/container-check.json")
     base, wheels, cpu = result["base"], result["wheelhouse"], result["cpu"]
     serving = cpu["serving"]
-    models = ", ".join(sorted({p["model"] for p in serving["predictions"].values()}))
-    answers = f"release {models} answered " + ", ".join(f"{name} {p['label']} {p['confidence']:.0%}"
+    releases = ", ".join(sorted({p["model"] for p in serving["predictions"].values()}))
+    answers = f"release {releases} answered " + ", ".join(f"{name} {p['label']} {p['confidence']:.0%}"
                                                         for name, p in serving["predictions"].items())
     lines = [f"{result['engine']}, base `{base['image']}` (Python {base['python']}: {base['made_by']}), "
              f"{wheels['wheels']} wheels ({wheels['mib']:,} MiB) in the wheelhouse (`{result['command']}`).", "",

@@ -88,3 +88,18 @@ def released(tmp_path_factory):
         patch.setattr(release, "SECONDS_PER_SAMPLE", 0.05)
         train.run(load_recipe("simplecnn", ["train.epochs=1", "data.subset=500"]), out=root / "run")
         return release.make_release(root / "run", "T", root / "models")
+
+
+def interrupt_as_epoch_starts(monkeypatch, epoch: int):
+    """Make train.run raise KeyboardInterrupt (a Ctrl-C) as `epoch` starts, after the epoch before it was checkpointed;
+    returns the real train_one_epoch, to put back before the run is resumed."""
+    from cifarkit import train
+    real_epoch, started = train.train_one_epoch, []
+
+    def interrupted(*args, **kwargs):
+        started.append(1)
+        if len(started) == epoch:
+            raise KeyboardInterrupt
+        return real_epoch(*args, **kwargs)
+    monkeypatch.setattr(train, "train_one_epoch", interrupted)
+    return real_epoch

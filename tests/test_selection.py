@@ -11,6 +11,7 @@ from cifarkit.device import PRECISIONS
 from cifarkit.engine import HardestSelector, TrainState
 from cifarkit.errors import CifarkitError
 from cifarkit.optim import build_optimizer, build_schedule
+from conftest import interrupt_as_epoch_starts
 
 
 def proxy_state(seed: int) -> TrainState:
@@ -56,14 +57,7 @@ def test_a_selecting_run_trains_on_half_of_each_batch_and_resumes_exactly(cifar_
 
     # Interrupted as epoch 2 starts, then resumed: the proxy's weights, momentum, schedule and step count come back
     # with the checkpoint, so epoch 2 picks the same images and ends on the same weights.
-    real_epoch, epochs_started = train.train_one_epoch, []
-
-    def interrupted_in_epoch_2(*args, **kwargs):
-        epochs_started.append(1)
-        if len(epochs_started) == 2:
-            raise KeyboardInterrupt
-        return real_epoch(*args, **kwargs)
-    monkeypatch.setattr(train, "train_one_epoch", interrupted_in_epoch_2)
+    real_epoch = interrupt_as_epoch_starts(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         train.run(load_recipe("fast", overrides), out=tmp_path / "broken")
     monkeypatch.setattr(train, "train_one_epoch", real_epoch)

@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 from cifarkit import train
 from cifarkit.cli import main
 from cifarkit.config import load_recipe
+from conftest import interrupt_as_epoch_starts
 
 QUICK = ["train.epochs=3", "train.batch_size=100", "data.subset=300", "train.track=mlflow"]
 
@@ -48,14 +49,7 @@ def test_a_tracked_run_sends_params_metrics_tags_and_files(cifar_home, store, tm
 
 
 def test_a_resumed_run_continues_the_same_mlflow_run(cifar_home, store, tmp_path, monkeypatch):
-    real_epoch, calls = train.train_one_epoch, []
-
-    def interrupted_in_epoch_3(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_epoch(*args, **kwargs)
-    monkeypatch.setattr(train, "train_one_epoch", interrupted_in_epoch_3)
+    real_epoch = interrupt_as_epoch_starts(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         train.run(load_recipe("cifar10net", QUICK), out=tmp_path / "run")
     first = mlflow_run(store, tmp_path / "run")
