@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from PIL import Image
 
-from cifarkit import data, export, release
+from cifarkit import checkpoint, data, export, release
 from cifarkit.cli import main
 from cifarkit.errors import CifarkitError
 from cifarkit.inference import Classifier
@@ -80,8 +81,9 @@ def test_an_existing_release_is_kept_unless_forced(released, tmp_path):
     assert (released / "metrics.json").read_bytes() == before
 
 
+@pytest.mark.parametrize("weights_dtype, size_ratio", [("fp16", 0.6), ("int8", 0.3)])
 def test_force_replaces_a_release_atomically_saying_what_it_measures(released, tmp_path, monkeypatch, capsys,
-                                                                     caplog):
+                                                                     caplog, weights_dtype, size_ratio):
     root = tmp_path / "cifar10_models"
     shutil.copytree(released.parent, root)
     monkeypatch.chdir(tmp_path)
@@ -99,7 +101,7 @@ def test_force_replaces_a_release_atomically_saying_what_it_measures(released, t
 
     monkeypatch.setattr(release, "_exchange", counted_exchange)
     run_dir = released.parent.parent / "run"
-    assert main(["release", str(run_dir), "--name", "T", "--force", "--weights-dtype", "fp16"]) == 0
+    assert main(["release", str(run_dir), "--name", "T", "--force", "--weights-dtype", weights_dtype]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("released cifar10_models/version_T: test accuracy ")
     assert out[1] == ("use it as `cifarkit predict --model T IMAGE`, `cifarkit export T --format onnx` or "
@@ -110,10 +112,32 @@ def test_force_replaces_a_release_atomically_saying_what_it_measures(released, t
         "measuring each backend's top-1 agreement with fp32 (500 images) and inference speed (3 backends x 2 batch "
         "sizes; the median over rounds: 1, of 0.02 s each)..."]
     metrics = json.loads((root / "version_T" / "metrics.json").read_text())
-    assert metrics["weights_dtype"] == "fp16"
-    assert metrics["weights_bytes"] < json.loads((released / "metrics.json").read_text())["weights_bytes"] * 0.6
+    assert metrics["weights_dtype"] == weights_dtype
+    assert metrics["weights_bytes"] < json.loads((released / "metrics.json").read_text())["weights_bytes"] * size_ratio
     assert sorted(p.name for p in root.iterdir()) == ["version_T"]
     assert exchanges == [sys.platform.startswith("linux")]  # one atomic swap where the system has one
+
+
+def test_int8_weights_round_each_filter_channel_within_half_its_step(released, tmp_path):
+    model, meta = checkpoint.load_weights(released)
+    path = tmp_path / "int8.safetensors"
+    checkpoint.save_weights(path, model, meta["model"], meta["mean"], meta["std"], weights_dtype="int8")
+    restored, restored_meta = checkpoint.load_weights(path)
+    assert restored_meta["quantized"].startswith("int8")
+    original = model.state_dict()
+    for name, value in restored.state_dict().items():
+        want = original[name]
+        assert value.dtype == want.dtype, name
+        if want.is_floating_point() and want.ndim >= 2:
+            step = want.abs().amax(dim=tuple(range(1, want.ndim)), keepdim=True) / 127
+            assert ((value - want).abs() <= step / 2 * (1 + 1e-6)).all(), name
+            assert not torch.equal(value, want), name  # really rounded, not stored as it was
+        else:  # BatchNorm statistics and shifts, biases, the batch counter: exact
+            assert torch.equal(value, want), name
+    images = torch.randn(256, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        agreement = (restored(images).argmax(1) == model(images).argmax(1)).float().mean().item()
+    assert agreement >= 0.97
 
 
 def test_release_needs_a_finished_run(tmp_path, capsys):

@@ -39,7 +39,6 @@ from cifarkit.inference import (BACKENDS, METRICS_NAME, NAME_PATTERN, ONNX_NAME,
                                 known_releases, read_metrics, replaced_path, restore_replaced)
 
 log = logging.getLogger(__name__)
-WEIGHT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 INFERENCE_ROUNDS = 5  # interleaved rounds per backend and batch size; the median is kept
 SECONDS_PER_SAMPLE = 0.5  # several batches of 256 per sample even on 2 cores, so one slow batch is averaged out
 # renameat2(2) from <linux/fs.h> and <fcntl.h>: swap two paths in one step
@@ -122,9 +121,9 @@ def _assemble(folder: Path, run_dir: Path, run_config: dict, name: str, weights_
     model, meta = checkpoint.load_weights(run_dir)
     mean, std = meta["mean"], meta["std"]
     weights_path = folder / WEIGHTS_NAME
-    checkpoint.save_weights(weights_path, model.to(WEIGHT_DTYPES[weights_dtype]), meta["model"], mean, std,
+    checkpoint.save_weights(weights_path, model, meta["model"], mean, std, weights_dtype=weights_dtype,
                             release=name, recipe=summary["recipe"])
-    model, _ = checkpoint.load_weights(weights_path)  # measure what ships (fp32 model, fp16-rounded values)
+    model, _ = checkpoint.load_weights(weights_path)  # measure what ships: an fp32 model with the stored values
     write_text(folder / "preprocess.py", _standalone_preprocess(mean, std))
     dataset = data.load()
     cpu = torch.device("cpu")
