@@ -6,7 +6,7 @@ every atomic write lands) and kills the process when it is reached:
 
     epoch-1, mid-epoch        in epoch 1 (before any checkpoint) or midway through epoch 2's batches
     checkpoint-write          the epoch-2 checkpoint is half written to its temporary file
-    last-epoch-eval           during the last epoch's test pass with TTA (before the last checkpoint)
+    last-epoch-eval           during the last epoch's first pass with TTA, on validation (before the last checkpoint)
     after-last-checkpoint     the loop is over: while the curves are drawn
     final-eval                during the final TTA measurement of the checkpoint chosen on validation
     weights-write             model.safetensors is half written
@@ -74,7 +74,7 @@ POINTS = {
     "checkpoint-write": lambda: kill_on_nth_replace("last.pt", 2),
     "last-epoch-eval": lambda: kill_on_nth_tta_evaluation(1),
     "after-last-checkpoint": lambda: kill_when_called("cifarkit.plots", "curves"),
-    "final-eval": lambda: kill_on_nth_tta_evaluation(2),
+    "final-eval": lambda: kill_on_nth_tta_evaluation(3),  # after the last epoch's validation and test passes
     "weights-write": lambda: kill_on_nth_replace("model.safetensors", 1),
     "summary-write": lambda: kill_on_nth_replace("summary.json", 1),
     "release-measure": lambda: kill_when_called("cifarkit.benchmark", "inference_throughput"),

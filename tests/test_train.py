@@ -131,13 +131,16 @@ def test_existing_run_folder_is_never_overwritten(cifar_home, tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
 
 
-def test_val_split_selects_the_checkpoint(cifar_home, tmp_path):
+def test_val_split_selects_the_checkpoint_on_single_views_and_reads_the_last_with_tta(cifar_home, tmp_path):
     out = tmp_path / "val"
-    summary = train.run(load_recipe("simplecnn", ["train.epochs=3", "data.val_split=200", "data.subset=800"]),
-                        out=out)
+    summary = train.run(load_recipe("simplecnn", ["train.epochs=3", "data.val_split=200", "data.subset=800",
+                                                  "train.tta=true"]), out=out)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     best = max(records, key=lambda r: r["val_acc"])
     assert summary["selected_by"] == "val_acc" and summary["selected_epoch"] == best["epoch"]
+    # The last epoch is also read with TTA, as the test set is, and that figure takes no part in the choice.
+    assert [("val_tta_acc" in r) for r in records] == [False, False, True]
+    assert records[-1]["val_tta_loss"] != records[-1]["val_loss"]
 
 
 def test_eval_command(cifar_home, tmp_path, capsys):

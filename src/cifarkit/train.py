@@ -238,15 +238,18 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
             record = {"epoch": epoch, **stats, "lr": optimizer.param_groups[0]["lr"]}
             eval_model = state.ema.module if state.ema is not None else model
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+                # TTA (several passes per image) only for the final measurement; progress checks stay cheap.
+                tta = cfg.tta and epoch == cfg.epochs
                 if len(val_x):
                     val = evaluate(eval_model, val_x, val_y, **eval_args)
                     record.update(val_loss=val["loss"], val_acc=val["acc"])
-                    if val["acc"] > best["val_acc"]:
+                    if val["acc"] > best["val_acc"]:  # single views at every epoch: like compared with like
                         best = {"val_acc": val["acc"], "epoch": epoch}
                         checkpoint.save_weights(out / "checkpoints" / "best.safetensors", eval_model,
                                                 recipe.model.name, mean, std, epoch=epoch)
-                # TTA (several passes per image) only for the final measurement; progress checks stay cheap.
-                tta = cfg.tta and epoch == cfg.epochs
+                    if tta:  # read as the test set will be, so that tuning on validation predicts the test figure
+                        val = evaluate(eval_model, val_x, val_y, tta=True, **eval_args)
+                        record.update(val_tta_loss=val["loss"], val_tta_acc=val["acc"])
                 if tta:
                     log.info("epoch %d trained; measuring the test accuracy with test-time augmentation", epoch)
                 test = evaluate(eval_model, test_x, test_y, tta=tta, progress="TTA" if tta else None, **eval_args)
@@ -321,11 +324,12 @@ def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device,
     if cfg.whiten_bias_epochs is not None and not isinstance(getattr(model, "whiten", None), nn.Conv2d):
         raise CifarkitError(f"train.whiten_bias_epochs is set, but model {recipe.model.name} has no whitening layer; "
                             "remove the setting (or use fastnet)")
-    _init_from_data(model, recipe, loader)
+    sample = _init_sample(recipe, loader)
+    _init_from_data(model, sample)
     if cfg.sync_bn:
         model = distributed.sync_batchnorm(model, group, device)
     model = model.to(memory_format=memory_format)
-    optimizer = build_optimizer(model, recipe.optim)
+    optimizer, scheduler, scaler = _optimization(model, recipe, loader, device, precision)
     # A parameter that stops training mid-run must be found unused by DDP, or its reducer waits for its gradient.
     parallel = distributed.wrap(model, group, device, find_unused_parameters=cfg.whiten_bias_epochs is not None)
     return TrainState(
@@ -334,40 +338,49 @@ def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device,
         no_sync=getattr(parallel, "no_sync", contextlib.nullcontext),
         after_step=lambda trained: distributed.average_buffers(trained, group),
         optimizer=optimizer,
-        scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch),
-        scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler),
+        scheduler=scheduler,
+        scaler=scaler,
         ema=build_ema(model, cfg.ema_decay),
         lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay,
                                   total_steps=cfg.epochs * loader.steps_per_epoch),
-        selector=_build_selector(recipe, loader, device, precision, memory_format),
+        selector=_build_selector(recipe, loader, device, precision, memory_format, sample),
     )
 
 
-def _init_from_data(model: nn.Module, recipe: Recipe, loader: data.TrainLoader) -> None:
-    """Data-dependent initialization, e.g. FastNet's whitening filters. Every rank holds the whole training set and
-    draws the same sample: the same filters everywhere."""
+def _optimization(model: nn.Module, recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision):
+    """(optimizer, lr schedule, grad scaler) for a model, from the recipe."""
+    optimizer = build_optimizer(model, recipe.optim)
+    scheduler = build_schedule(optimizer, recipe.schedule, recipe.train.epochs, loader.steps_per_epoch)
+    return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
+
+
+def _init_sample(recipe: Recipe, loader: data.TrainLoader) -> torch.Tensor:
+    """5,000 normalized training images for data-dependent initialization. Every rank holds the whole training set
+    and draws the same sample: the same filters everywhere."""
+    sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(recipe.train.seed))[:5000]
+    return data.normalize(loader.images[sample.to(loader.images.device)], recipe.data.mean, recipe.data.std)
+
+
+def _init_from_data(model: nn.Module, sample: torch.Tensor) -> None:
+    """Data-dependent initialization, e.g. FastNet's whitening filters."""
     if hasattr(model, "init_from_data"):
-        sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(recipe.train.seed))[:5000]
-        images = loader.images[sample.to(loader.images.device)]
-        model.init_from_data(data.normalize(images, recipe.data.mean, recipe.data.std))
+        model.init_from_data(sample)
 
 
 def _build_selector(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision,
-                    memory_format) -> HardestSelector | None:
+                    memory_format, sample: torch.Tensor) -> HardestSelector | None:
     """The proxy that ranks each batch's images for train.select_fraction: its own model, built from the recipe's
     optimizer and schedule, as airbench96 trains its proxy with its main net's settings."""
     cfg = recipe.train
     if cfg.select_fraction is None:
         return None
     proxy = models.create(cfg.select_proxy).to(device)
-    _init_from_data(proxy, recipe, loader)
+    _init_from_data(proxy, sample)
     if isinstance(getattr(proxy, "whiten", None), nn.Conv2d):
         proxy.whiten.bias.requires_grad_(False)  # airbench96's proxy never trains it: ranking needs no more
     proxy = proxy.to(memory_format=memory_format)
-    optimizer = build_optimizer(proxy, recipe.optim)
-    state = TrainState(model=proxy, forward=proxy, optimizer=optimizer,
-                       scheduler=build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch),
-                       scaler=torch.amp.GradScaler(device.type, enabled=precision.grad_scaler), ema=None)
+    optimizer, scheduler, scaler = _optimization(proxy, recipe, loader, device, precision)
+    state = TrainState(model=proxy, forward=proxy, optimizer=optimizer, scheduler=scheduler, scaler=scaler, ema=None)
     return HardestSelector(state, cfg.select_fraction, cfg.select_proxy_every, cfg.label_smoothing, device, precision)
 
 
@@ -389,13 +402,15 @@ def _loss(recipe: Recipe, device: torch.device, memory_format, run_info: dict) -
 def _log_epoch(record: dict, writer) -> None:
     epoch = record["epoch"]
     parts = [f"epoch {epoch}", f"train loss {record['train_loss']:.4f} acc {100 * record['train_acc']:.2f}%"]
-    for split in ("val", "test"):
+    for split in ("val", "val_tta", "test"):
         if f"{split}_acc" in record:
-            parts.append(f"{split} loss {record[f'{split}_loss']:.4f} acc {100 * record[f'{split}_acc']:.2f}%")
+            parts.append(f"{split.replace('_tta', ' TTA')} loss {record[f'{split}_loss']:.4f} "
+                         f"acc {100 * record[f'{split}_acc']:.2f}%")
     parts.append(f"lr {record['lr']:.3g}, {record['epoch_time_s']:.1f} s, {record['images_per_s']:.0f} img/s")
     log.info(" | ".join(parts))
     tags = {"Loss/train": "train_loss", "Accuracy/train": "train_acc", "Loss/val": "val_loss",
-            "Accuracy/val": "val_acc", "Loss/test": "test_loss", "Accuracy/test": "test_acc", "lr": "lr"}
+            "Accuracy/val": "val_acc", "Loss/val_tta": "val_tta_loss", "Accuracy/val_tta": "val_tta_acc",
+            "Loss/test": "test_loss", "Accuracy/test": "test_acc", "lr": "lr"}
     for tag, key in tags.items():
         if key in record:
             writer.add_scalar(tag, record[key], epoch)
