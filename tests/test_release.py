@@ -130,7 +130,7 @@ def test_int8_weights_round_each_filter_channel_within_half_its_step(released, t
         assert value.dtype == want.dtype, name
         if want.is_floating_point() and want.ndim >= 2:
             step = want.abs().amax(dim=tuple(range(1, want.ndim)), keepdim=True) / 127
-            assert ((value - want).abs() <= step / 2 * (1 + 1e-6)).all(), name
+            assert ((value - want).abs() <= step * (0.5 + 1e-4)).all(), name  # half a step, and fp32 rounding
             assert not torch.equal(value, want), name  # really rounded, not stored as it was
         else:  # BatchNorm statistics and shifts, biases, the batch counter: exact
             assert torch.equal(value, want), name
