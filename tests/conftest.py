@@ -1,5 +1,6 @@
 import io
 import json
+import os
 import pickle
 import shutil
 import tarfile
@@ -8,6 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+# pytest-xdist's workers (pyproject's addopts) share the cores: each worker, and every process it starts, gets its
+# share as OpenMP threads, set before torch is imported. On the project's 2 cores, one run each, back to back: two
+# workers of two threads ran the suite in 720 s, two of one thread in 457 s. OpenMP threads spin while a descheduled
+# peer keeps them waiting.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
 # Accuracy floors, each measured over five seeds by `python scripts/measure_test_floors.py`, with the settings the

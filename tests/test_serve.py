@@ -127,7 +127,8 @@ def too_many_pixels() -> bytes:
     ("/v1/predict", *multipart(), 422, "no file"),
     ("/v1/predict", b"--x\r\nbroken", {"Content-Type": "multipart/form-data; boundary=x"}, 422, "multipart"),
     ("/v1/nothing", b"", {}, 404, "Not Found"),
-])
+], ids=["text", "no-type", "not-an-image", "broken-image", "empty", "too-many-pixels", "unknown-model", "topk-11",
+        "topk-x", "no-file", "broken-multipart", "unknown-path"])  # fixed names: every pytest-xdist worker's the same
 def test_errors_are_json_answers(server, path, body, headers, status, words):
     body = too_many_pixels() if body == "too many pixels" else body
     got, head, answer = call(server.url, path, body, headers, method="POST")
