@@ -271,6 +271,31 @@ def test_speedrun_takes_the_training_shortcuts(cifar_home, tmp_path, capsys):
     assert json.loads((out / "seed0" / "summary.json").read_text())["epochs"] == 1
 
 
+def test_a_speedrun_into_the_same_folder_keeps_the_seeds_that_finished(cifar_home, tmp_path, capsys):
+    out = tmp_path / "speed"
+    again = ["speedrun", *TINY, "--target", "0.1", "--no-curve", "--out", str(out)]
+    assert main(again + ["--runs", "1"]) == 0
+    first = (out / "seed0" / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert main(again + ["--runs", "2"]) == 0
+    assert "kept from an earlier command into the same folder: seed 0 (finished 20" in capsys.readouterr().out
+    report = json.loads((out / "speedrun.json").read_text())
+    assert [(r["seed"], r["kept_from_an_earlier_command"]) for r in report["runs"]] == [(0, True), (1, False)]
+    assert report["accuracy"]["n"] == 2 and (out / "seed0" / "summary.json").read_bytes() == first
+
+    # Refused before anything trains, and nothing removed: other settings, and a run that did not finish.
+    assert main(again + ["--runs", "3", "--lr", "0.01"]) == 2
+    assert error_line(capsys) == (f"cifarkit: error: {out / 'seed0'} was trained with other settings than this "
+                                  f"speed run's; give another --out")
+    (out / "seed1" / "summary.json").unlink()
+    assert main(again + ["--runs", "3"]) == 2
+    assert error_line(capsys) == (f"cifarkit: error: {out / 'seed1'} holds a run that did not finish, and a run's "
+                                  f"time cannot be resumed: delete {out / 'seed1'} to train this seed again, or give "
+                                  f"another --out")
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["seed0", "seed1"]
+    assert (out / "seed1" / "model.safetensors").exists() and (out / "seed0" / "summary.json").read_bytes() == first
+
+
 def test_recipes_name_prints_each_value_with_its_reason(capsys):
     assert main(["recipes", "fast"]) == 0
     lines = capsys.readouterr().out.splitlines()

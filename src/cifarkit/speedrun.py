@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
+
 from cifarkit import device, plots, train
-from cifarkit.config import load_recipe
+from cifarkit.config import load_recipe, recipe_from_dict
+from cifarkit.errors import CifarkitError, first_line
 from cifarkit.files import portable, write_json
 
 TIMER_COVERS = ("wall_time_s: from the start of the run (loading the cached uint8 data) through model "
@@ -40,6 +43,28 @@ def statistics_against(accuracies: list[float], target: float) -> dict:
             "ci95_clipped": (low, high) != (mean - half, mean + half), "p_value_mean_above_target": p_value}
 
 
+def _finished_earlier(run_dir: Path, recipe) -> dict | None:
+    """The summary of this seed's run if an earlier speed run into the same folder finished it, else None. So a long
+    speed run can be finished by several commands: each run was timed whole, on its own, and its figures stand. A run
+    cut short cannot be continued: its time would miss what its restart cost."""
+    if not run_dir.exists():
+        return None
+    if not (run_dir / "summary.json").is_file():
+        raise CifarkitError(f"{run_dir} holds a run that did not finish, and a run's time cannot be resumed: delete "
+                            f"{run_dir} to train this seed again, or give another --out")
+    try:
+        trained = recipe_from_dict({k: v for k, v in yaml.safe_load((run_dir / "config.yaml").read_text()).items()
+                                    if k != "run"})
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, yaml.YAMLError, json.JSONDecodeError, AttributeError, CifarkitError, TypeError,
+            ValueError) as e:
+        raise CifarkitError(f"{run_dir} is not a usable finished run ({first_line(e)}); delete it to train this "
+                            f"seed again, or give another --out") from None
+    if trained != recipe:
+        raise CifarkitError(f"{run_dir} was trained with other settings than this speed run's; give another --out")
+    return summary
+
+
 def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None, first_seed: int = 0,
         curve: bool = True, overrides: tuple = ()) -> dict:
     out_dir = out_dir or Path("runs") / f"speedrun-{Path(recipe_name).stem}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -47,18 +72,26 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
     recipes = {seed: load_recipe(recipe_name, list(overrides) + [f"train.seed={seed}"]
                                  + (["train.eval_every=1"] if curve else []))
                for seed in range(first_seed, first_seed + runs)}
+    kept = {seed: _finished_earlier(out_dir / f"seed{seed}", recipe) for seed, recipe in recipes.items()}
     results = []
     for seed, recipe in recipes.items():
         run_dir = out_dir / f"seed{seed}"
-        try:
-            summary = train.run(recipe, out=run_dir)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(f"interrupted in the run of seed {seed}; a speed run's times cannot be "
-                                    f"resumed: start the speed run again with another --out") from None
+        if kept[seed] is None:
+            try:
+                summary = train.run(recipe, out=run_dir)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(
+                    f"interrupted in the run of seed {seed}; a run's time cannot be resumed, but finished seeds are "
+                    f"kept: delete {run_dir} and run the speed run again with --out {out_dir}") from None
+        else:
+            summary = kept[seed]
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         results.append({
             "seed": seed, "test_acc": summary["test_acc"], "wall_time_s": summary["wall_time_s"],
             "train_time_s": summary["train_time_s"], "run_dir": portable(run_dir),
+            "finished": datetime.fromtimestamp((run_dir / "summary.json").stat().st_mtime, timezone.utc)
+                                .isoformat(timespec="seconds"),
+            "kept_from_an_earlier_command": kept[seed] is not None,
             "curve": [{"epoch": r["epoch"], "elapsed_s": r["elapsed_s"], "test_acc": r["test_acc"]}
                       for r in records if "test_acc" in r],
         })
@@ -96,6 +129,10 @@ def table(report: dict) -> str:
         lines.append(f"n = {acc['n']}: mean {100 * acc['mean']:.2f}% +- {100 * acc['std']:.2f} (std), "
                      f"95% CI [{100 * low:.2f}, {100 * high:.2f}]{clipped}, one-sided t-test of mean > "
                      f"{100 * report['target']:.2f}%: p = {acc['p_value_mean_above_target']:.3g}")
+    kept = [r for r in report["runs"] if r["kept_from_an_earlier_command"]]
+    if kept:
+        lines.append("kept from an earlier command into the same folder: " + ", ".join(
+            f"seed {r['seed']} (finished {r['finished']})" for r in kept))
     wall = report["wall_time_s"]
     lines.append(f"wall time per run: mean {wall['mean']:.1f} s, max {wall['max']:.1f} s")
     return "\n".join(lines)
