@@ -11,10 +11,8 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
 from cifarkit import device, plots, train
-from cifarkit.config import load_recipe, recipe_from_dict
+from cifarkit.config import load_recipe
 from cifarkit.errors import CifarkitError, first_line
 from cifarkit.files import portable, write_json
 
@@ -53,11 +51,9 @@ def _finished_earlier(run_dir: Path, recipe) -> dict | None:
         raise CifarkitError(f"{run_dir} holds a run that did not finish, and a run's time cannot be resumed: delete "
                             f"{run_dir} to train this seed again, or give another --out")
     try:
-        trained = recipe_from_dict({k: v for k, v in yaml.safe_load((run_dir / "config.yaml").read_text()).items()
-                                    if k != "run"})
+        trained = train.read_recipe(run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, yaml.YAMLError, json.JSONDecodeError, AttributeError, CifarkitError, TypeError,
-            ValueError) as e:
+    except (OSError, json.JSONDecodeError) as e:
         raise CifarkitError(f"{run_dir} is not a usable finished run ({first_line(e)}); delete it to train this "
                             f"seed again, or give another --out") from None
     if trained != recipe:

@@ -140,16 +140,21 @@ def _read_run(out: Path) -> tuple[Recipe, dict | None]:
         raise CifarkitError(f"{out} is not a run folder (no config.yaml); give the folder a run wrote")
     if (out / "summary.json").is_file():
         raise CifarkitError(f"{out} has finished already (it has summary.json); nothing to resume")
+    last = out / "checkpoints" / "last.pt"
+    return read_recipe(out), (checkpoint.load_training(last) if last.exists() else None)
+
+
+def read_recipe(out: Path) -> Recipe:
+    """The recipe a run folder was started with: its config.yaml, less the facts of the run."""
+    config_path = out / "config.yaml"
     try:
         resolved = yaml.safe_load(config_path.read_text())
         if not isinstance(resolved, dict):
             raise CifarkitError("not a mapping of recipe sections")
-        recipe = recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
+        return recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
     except (yaml.YAMLError, UnicodeDecodeError, CifarkitError, TypeError, ValueError) as e:
         raise CifarkitError(f"{config_path} is damaged ({first_line(e)}); restore it, or start a new run with "
                             f"`cifarkit train --out NEW_FOLDER`") from None
-    last = out / "checkpoints" / "last.pt"
-    return recipe, (checkpoint.load_training(last) if last.exists() else None)
 
 
 def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _Setup:
