@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,18 @@ def test_auto_precision(monkeypatch, dev, has_bf16, expected, scaler):
     monkeypatch.setattr(device, "cpu_has_bf16", lambda: has_bf16)
     precision = device.pick_precision("auto", torch.device(dev))
     assert (precision.name, precision.grad_scaler) == (expected, scaler)
+
+
+@pytest.mark.skipif(not (device._is_x86() and Path("/proc/cpuinfo").exists()), reason="reads Linux's x86 CPU flags")
+def test_native_bf16_means_the_bf16_instructions_not_avx512_alone():
+    # oneDNN's check says yes on any AVX-512 CPU and emulates bf16 there at a third of fp32's training speed, so
+    # auto must not pick bf16 on such a CPU. The kernel's flags for this CPU are the independent answer.
+    flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split(":", 1)[1].split())
+    assert device.cpu_has_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
+    assert ("avx512" in device.cpu_features()) == ("avx512f" in flags)
+    expected = "bf16" if device.cpu_has_bf16() else "fp32"
+    assert device.pick_precision("auto", torch.device("cpu")).name == expected
 
 
 def test_fp16_training_on_cpu_is_refused():

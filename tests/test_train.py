@@ -10,7 +10,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from cifarkit import data, train
+from cifarkit import data, device, train
 from cifarkit.cli import main
 from cifarkit.config import load_recipe
 from cifarkit.errors import CifarkitError
@@ -45,6 +45,8 @@ def test_run_folder_contents(cifar_home, tmp_path):
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["train"]["seed"] == 0 and config["train"]["epochs"] == 3
     assert config["run"]["versions"]["torch"] == torch.__version__
+    # a run's speed is read against the CPU's instruction sets (AMX trains bf16 several times faster than AVX-512)
+    assert config["run"]["cpu_features"] == device.cpu_features()
     saved = json.loads((out / "summary.json").read_text())
     assert saved == summary
     for key in ("test_acc", "wall_time_s", "train_time_s", "params", "device", "precision", "seed", "torch",
@@ -161,6 +163,6 @@ def test_eval_command(cifar_home, tmp_path, capsys):
 def test_env_command(capsys):
     assert main(["env", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    for key in ("torch", "cuda_available", "cuda_version", "cudnn_version", "cudnn_enabled", "cpu_bf16", "threads",
-                "gpus", "device"):
+    for key in ("torch", "cuda_available", "cuda_version", "cudnn_version", "cudnn_enabled", "cpu_bf16", "cpu_features",
+                "threads", "gpus", "device"):
         assert key in info, key

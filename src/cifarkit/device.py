@@ -25,12 +25,33 @@ def pick_device(preference: str = "auto") -> torch.device:
     return torch.device(preference)
 
 
+# x86 instruction sets that set a CPU's training speed, as torch's CPU probe reports them (cifarkit env prints them):
+# a speed figure is read against them, and the model name ("Intel(R) Xeon(R) Processor") often does not tell.
+X86_FEATURES = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported",
+                "avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
+
+
+def cpu_features() -> list[str]:
+    """The X86_FEATURES this CPU has; [] elsewhere (an Arm CPU's bf16 shows in cpu_has_bf16 alone)."""
+    return [name for name, probe in X86_FEATURES.items() if _is_x86() and getattr(torch.cpu, probe)()]
+
+
 def cpu_has_bf16() -> bool:
-    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); emulated bf16 is slower than fp32."""
+    """True when the CPU computes bf16 natively: AVX512-BF16 or AMX on x86, the BF16 extension on Arm.
+
+    oneDNN's own check (`_is_mkldnn_bf16_supported`) also says yes on x86 CPUs with plain AVX-512, where it emulates
+    bf16 and trains at a fraction of fp32's speed (an Ice Lake Xeon, AVX-512 without BF16, ran bf16+cl at about a
+    third of fp32+cl's img/s in `cifarkit bench --modes fp32+cl bf16+cl`).
+    """
+    if _is_x86():
+        return bool({"avx512_bf16", "amx"} & set(cpu_features()))
     with contextlib.suppress(Exception):
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 
 
 @dataclass(frozen=True)
@@ -94,6 +115,7 @@ def report(device: torch.device | None = None) -> dict:
         "memory_gib": _system_memory_gib(),
         "allocator": allocator.in_use(),
         "cpu_bf16": cpu_has_bf16(),
+        "cpu_features": cpu_features(),
         "cuda_available": torch.cuda.is_available(),
         "cuda_version": torch.version.cuda,
         "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
@@ -135,9 +157,10 @@ def cudnn_text(version: int | None) -> str:
 
 def describe(info: dict) -> list[str]:
     """The report as short human-readable lines."""
+    features = f" ({', '.join(info['cpu_features'])})" if info.get("cpu_features") else ""
     lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
-             f"CPU: {info['processor']}, {info['threads']} threads, {info['memory_gib']} GiB RAM, native bf16: "
-             f"{'yes' if info['cpu_bf16'] else 'no'}, memory allocator: {info['allocator']}"]
+             f"CPU: {info['processor']}{features}, {info['threads']} threads, {info['memory_gib']} GiB RAM, "
+             f"native bf16: {'yes' if info['cpu_bf16'] else 'no'}, memory allocator: {info['allocator']}"]
     cudnn = cudnn_text(info["cudnn_version"])
     if info["gpus"]:
         gpus = ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in info["gpus"])

@@ -21,7 +21,7 @@ from torch import nn
 import cifarkit
 from cifarkit import allocator, checkpoint, data, distributed, models, plots
 from cifarkit.config import Recipe, TrainConfig, recipe_from_dict, to_dict
-from cifarkit.device import Precision, configure, describe, pick_device, pick_precision, report
+from cifarkit.device import Precision, configure, cpu_features, describe, pick_device, pick_precision, report
 from cifarkit.engine import (ClassificationLoss, DistillationLoss, DivergenceError, HardestSelector, TrainState, evaluate,
                              train_one_epoch)
 from cifarkit.errors import LOG_FORMAT, CifarkitError, first_line
@@ -185,7 +185,7 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     test = dataset.test_x.to(device), dataset.test_y.to(device)
     state = _build_state(recipe, loader, device, precision, memory_format, group)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
-                "allocator": allocator.in_use(), "dataset_sha256": dataset.sha256,
+                "allocator": allocator.in_use(), "cpu_features": cpu_features(), "dataset_sha256": dataset.sha256,
                 "train_images": len(loader.images), "val_images": len(val[0])}
     if group.distributed:
         run_info["processes"] = {"world_size": group.world_size, "backend": torch.distributed.get_backend(),
