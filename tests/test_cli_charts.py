@@ -1,4 +1,7 @@
 """Charts people read: files in the format their name says, and axes that do not mislead."""
+import subprocess
+import sys
+
 import pytest
 
 from cifarkit import plots
@@ -75,3 +78,14 @@ def test_speedrun_chart_starts_at_zero_minutes_and_says_what_the_final_point_is(
 def test_speedrun_chart_title_says_when_nothing_was_overridden(tmp_path):
     figure = plots.accuracy_vs_time(speedrun_runs(), 0.75, tmp_path / "speedrun.png", "fast")
     assert figure.axes[0].get_title() == "fast\nno overrides"
+
+
+def test_writing_a_figure_leaves_the_users_matplotlib_backend_alone(tmp_path):
+    # A notebook's inline backend, or a desktop's window, must survive `import cifarkit` and the charts it writes.
+    code = ("import sys, matplotlib; matplotlib.use('svg'); from cifarkit import plots; "
+            "plots.curves([{'epoch': 1, 'train_loss': 1.0, 'train_acc': 0.5}], sys.argv[1]); "
+            "import matplotlib.pyplot; print(matplotlib.get_backend(), len(matplotlib.pyplot.get_fignums()))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.png")], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.split() == ["svg", "0"]
+    assert (tmp_path / "c.png").read_bytes().startswith(MAGIC[".png"])

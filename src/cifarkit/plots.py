@@ -1,24 +1,22 @@
 """Figures: training curves, a labelled sample grid, a confusion matrix, speed-run and release charts.
 
-Each function writes its file atomically, in the format its suffix names (FORMATS), and returns the figure (closed)
-so its axes can be inspected.
+Each function writes its file atomically, in the format its suffix names (FORMATS), and returns the figure, which
+pyplot never holds, so its axes can be inspected.
 """
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
-import matplotlib
+import torch
+# Figures built without pyplot need no backend and open no window (runs happen on servers and in CI), and leave the
+# user's own backend alone: a notebook that imports cifarkit keeps its inline pictures.
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-matplotlib.use("Agg")  # files only, never a window: runs happen on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
-
-from cifarkit.errors import CifarkitError  # noqa: E402
-from cifarkit.files import atomic_path  # noqa: E402
+from cifarkit.errors import CifarkitError
+from cifarkit.files import atomic_path
 
 FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".svg": "svg"}  # suffix -> matplotlib's
 
@@ -33,17 +31,19 @@ def figure_format(path: Path) -> str:
 
 
 def _save(fig: Figure, path: Path) -> Figure:
-    try:
-        fmt = figure_format(path)
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    fmt = figure_format(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
     return fig
 
 
+def _subplots(*grid: int, figsize: tuple[float, float]):
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid)
+
+
 def curves(records: list[dict], path: Path) -> Figure:
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_loss, ax_acc) = _subplots(1, 2, figsize=(10, 4))
     for split in ("train", "val", "test"):
         points = [(r["epoch"], r[f"{split}_loss"], r[f"{split}_acc"]) for r in records
                   if r.get(f"{split}_loss") is not None]
@@ -63,7 +63,7 @@ def curves(records: list[dict], path: Path) -> Figure:
 def sample_grid(images: torch.Tensor, labels: torch.Tensor, classes, path: Path, columns: int = 8) -> Figure:
     """images: N x 3 x 32 x 32 uint8."""
     rows = (len(images) + columns - 1) // columns
-    fig, axes = plt.subplots(rows, columns, figsize=(columns * 1.3, rows * 1.45))
+    fig, axes = _subplots(rows, columns, figsize=(columns * 1.3, rows * 1.45))
     for ax in axes.flat:
         ax.axis("off")
     for ax, image, label in zip(axes.flat, images, labels):
@@ -73,7 +73,7 @@ def sample_grid(images: torch.Tensor, labels: torch.Tensor, classes, path: Path,
 
 
 def confusion(matrix: torch.Tensor, classes, path: Path, title: str) -> Figure:
-    fig, ax = plt.subplots(figsize=(7, 6))
+    fig, ax = _subplots(figsize=(7, 6))
     ax.imshow(matrix.numpy(), cmap="Blues")
     ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
     ax.set_yticks(range(len(classes)), classes)
@@ -92,7 +92,7 @@ def accuracy_vs_time(runs: list[dict], target: float, path: Path, title: str, ov
     a dot. With `final_tta` the last epoch's evaluation is the final one, with TTA (train.py): it is drawn as the dot
     only, joined by a dotted step, because that step adds TTA to an epoch's learning and is not like the single-view
     steps before it. `overrides`, the --set values the runs shared, are printed under the title."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _subplots(figsize=(7, 4.5))
     for run in runs:
         single_view = run["curve"][:-1] if final_tta else run["curve"]
         minutes = [p["elapsed_s"] / 60 for p in single_view]
@@ -121,7 +121,7 @@ def release_comparison(releases: list[dict], path: Path) -> Figure:
     names = [f"{m['release']}\n{m['model']}" for m in releases]
     accuracies = [100 * m["test_acc"] for m in releases]
     speeds = [m["inference"]["images_per_s_batch256"] for m in releases]
-    fig, (acc_ax, speed_ax) = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, (acc_ax, speed_ax) = _subplots(1, 2, figsize=(9, 3.8))
     acc_ax.bar_label(acc_ax.bar(names, accuracies, color="tab:blue"), [f"{a:.2f}%" for a in accuracies], padding=2)
     # 0 to 100 in ticks; the axis runs a little past 100 so a label on a bar near the top stays inside the frame
     acc_ax.set(ylabel="test accuracy (%)", title="accuracy (single view)", ylim=(0, 108), yticks=range(0, 101, 20))
@@ -139,7 +139,7 @@ def device_speedups(report: dict, path: Path) -> Figure:
     names = list(dict.fromkeys(r["model"] for r in report["rows"]))
     series = list(dict.fromkeys(f"{r['device']} {r['mode']}" for r in report["rows"]))
     width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(names) * len(series) ** 0.5), 4))
+    fig, ax = _subplots(figsize=(max(6.0, 1.4 * len(names) * len(series) ** 0.5), 4))
     for i, label in enumerate(series):
         rows = {r["model"]: r for r in report["rows"] if f"{r['device']} {r['mode']}" == label}
         xs = [j + (i - (len(series) - 1) / 2) * width for j, name in enumerate(names) if name in rows]
