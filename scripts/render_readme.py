@@ -64,8 +64,8 @@ def bench_block() -> str:
 
 
 def speedrun_block() -> str:
-    lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | file |",
-             "|---|---:|---:|---:|---|---:|---:|---|"]
+    lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | "
+             "machine speed before each run | file |", "|---|---:|---:|---:|---|---:|---:|---:|---|"]
     for path in sorted(RESULTS.glob("speedrun-*.json")):
         report = json.loads(path.read_text())
         acc, wall = report["accuracy"], report["wall_time_s"]
@@ -76,8 +76,18 @@ def speedrun_block() -> str:
             spread = (f"{100 * acc['std']:.2f} | [{100 * acc['ci95'][0]:.2f}, {100 * acc['ci95'][1]:.2f}] | "
                       f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
         lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
-                     f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | `results/{path.name}` |")
+                     f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | {machine_speeds(report['runs'])} | "
+                     f"`results/{path.name}` |")
     return "\n".join(lines)
+
+
+def machine_speeds(runs: list[dict]) -> str:
+    """The probe's img/s before each run, or why there is none: speed runs from before the probe have none."""
+    probed = [r["machine_speed"]["before"]["images_per_s"] for r in runs if r.get("machine_speed")]
+    if not probed:
+        return "not probed"
+    return ", ".join(f"{rate:,.0f}" for rate in probed) + " img/s" + ("" if len(probed) == len(runs) else
+                                                                    f" ({len(runs) - len(probed)} not probed)")
 
 
 def releases_block() -> str:

@@ -17,6 +17,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from cifarkit import data, device, speedrun
 from cifarkit.cli import GRID_MAX, build_parser, main
@@ -276,12 +277,22 @@ def test_a_speedrun_into_the_same_folder_keeps_the_seeds_that_finished(cifar_hom
     again = ["speedrun", *TINY, "--target", "0.1", "--no-curve", "--out", str(out)]
     assert main(again + ["--runs", "1"]) == 0
     first = (out / "seed0" / "summary.json").read_bytes()
+    probed_first = json.loads((out / "speedrun.json").read_text())["runs"][0]["machine_speed"]
     capsys.readouterr()
     assert main(again + ["--runs", "2"]) == 0
-    assert "kept from an earlier command into the same folder: seed 0 (finished 20" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "kept from an earlier command into the same folder: seed 0 (finished 20" in printed
     report = json.loads((out / "speedrun.json").read_text())
     assert [(r["seed"], r["kept_from_an_earlier_command"]) for r in report["runs"]] == [(0, True), (1, False)]
     assert report["accuracy"]["n"] == 2 and (out / "seed0" / "summary.json").read_bytes() == first
+    # The kept run brings its own machine speed and facts from the command that trained it, not this one's.
+    kept, trained = report["runs"]
+    assert kept["machine_speed"] == probed_first and kept["machine_speed"] != trained["machine_speed"]
+    assert all(r["machine_speed"][when]["images_per_s"] > 0 for r in report["runs"] for when in ("before", "after"))
+    assert kept["run"] == yaml.safe_load((out / "seed0" / "config.yaml").read_text())["run"]
+    assert kept["run"]["allocator"] == trained["run"]["allocator"] and "cpu_features" in kept["run"]
+    probe = kept["machine_speed"]["before"]["images_per_s"]
+    assert f"| 0 | {100 * kept['test_acc']:.2f}% |" in printed and f"| {probe:,.0f} / " in printed
 
     # Refused before anything trains, and nothing removed: other settings, and a run that did not finish.
     assert main(again + ["--runs", "3", "--lr", "0.01"]) == 2

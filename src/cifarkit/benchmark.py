@@ -37,7 +37,7 @@ log = logging.getLogger("cifarkit")
 
 
 def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, steps: int,
-             group: distributed.Group = distributed.Group()) -> float:
+             group: distributed.Group = distributed.Group(), progress: bool = True) -> float:
     """img/s of training steps over all ranks of `group` (each rank takes its shard of every batch)."""
     precision_name, channels_last = MODES[mode]
     precision = pick_precision(precision_name, device)
@@ -57,10 +57,24 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     batches = loader.endless()
     loss_fn = ClassificationLoss()
     # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
-    train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None, progress=group.writes)
+    progress = progress and group.writes
+    train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None, progress=progress)
     stats = train_one_epoch(state, itertools.islice(batches, steps), steps, batch_size, loss_fn, device, precision,
-                            None, progress=group.writes)
+                            None, progress=progress)
     return stats["images_per_s"]
+
+
+# A fixed small workload, timed by a speed run before and after each run: this shared machine's speed swings 2x
+# between hours, and a run's time means little without how fast the machine was then. fastnet's steps use the fast
+# recipes' kernels; 4 steps of 256 take about a second on 2 cores, little beside any run.
+PROBE = {"model": "fastnet", "batch_size": 256, "steps": 4}
+
+
+def machine_speed(device: torch.device, precision_name: str) -> dict:
+    """The probe's training img/s in `precision_name` with channels-last, as a run on `device` trains."""
+    mode = f"{precision_name}+cl"
+    return {**PROBE, "mode": mode,
+            "images_per_s": _measure(PROBE["model"], mode, device, PROBE["batch_size"], PROBE["steps"], progress=False)}
 
 
 def eval_throughput(model_name: str, mode: str, device: torch.device) -> float:

@@ -11,7 +11,9 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cifarkit import device, plots, train
+import yaml
+
+from cifarkit import benchmark, device, plots, train
 from cifarkit.config import load_recipe
 from cifarkit.errors import CifarkitError, first_line
 from cifarkit.files import portable, write_json
@@ -61,6 +63,15 @@ def _finished_earlier(run_dir: Path, recipe) -> dict | None:
     return summary
 
 
+MACHINE_SPEED = "machine-speed.json"  # in a run's folder: the probe's img/s just before and just after the run
+
+
+def _probe(recipe) -> dict:
+    """The machine-speed probe (benchmark.PROBE) on the run's device and precision, timed outside the run."""
+    run_device = device.pick_device(recipe.train.device)
+    return benchmark.machine_speed(run_device, device.pick_precision(recipe.train.precision, run_device).name)
+
+
 def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None, first_seed: int = 0,
         curve: bool = True, overrides: tuple = ()) -> dict:
     out_dir = out_dir or Path("runs") / f"speedrun-{Path(recipe_name).stem}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -73,21 +84,29 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
     for seed, recipe in recipes.items():
         run_dir = out_dir / f"seed{seed}"
         if kept[seed] is None:
+            speed = {"before": _probe(recipe)}
             try:
                 summary = train.run(recipe, out=run_dir)
             except KeyboardInterrupt:
                 raise KeyboardInterrupt(
                     f"interrupted in the run of seed {seed}; a run's time cannot be resumed, but finished seeds are "
                     f"kept: delete {run_dir} and run the speed run again with --out {out_dir}") from None
+            speed["after"] = _probe(recipe)
+            # In the run's folder, so that a later command that keeps this run keeps its machine speed too.
+            write_json(run_dir / MACHINE_SPEED, speed)
         else:
             summary = kept[seed]
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        speed_file = run_dir / MACHINE_SPEED
         results.append({
             "seed": seed, "test_acc": summary["test_acc"], "wall_time_s": summary["wall_time_s"],
             "train_time_s": summary["train_time_s"], "run_dir": portable(run_dir),
             "finished": datetime.fromtimestamp((run_dir / "summary.json").stat().st_mtime, timezone.utc)
                                 .isoformat(timespec="seconds"),
             "kept_from_an_earlier_command": kept[seed] is not None,
+            # Each run's own facts (versions, allocator, CPU features): a kept run may come from another command.
+            "run": yaml.safe_load((run_dir / "config.yaml").read_text())["run"],
+            "machine_speed": json.loads(speed_file.read_text()) if speed_file.is_file() else None,
             "curve": [{"epoch": r["epoch"], "elapsed_s": r["elapsed_s"], "test_acc": r["test_acc"]}
                       for r in records if "test_acc" in r],
         })
@@ -110,10 +129,11 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
 
 
 def table(report: dict) -> str:
-    lines = ["| seed | test accuracy | wall time | train time |", "|---:|---:|---:|---:|"]
+    lines = ["| seed | test accuracy | wall time | train time | machine speed, before / after |",
+             "|---:|---:|---:|---:|---:|"]
     for r in report["runs"]:
         lines.append(f"| {r['seed']} | {100 * r['test_acc']:.2f}% | {r['wall_time_s']:.1f} s | "
-                     f"{r['train_time_s']:.1f} s |")
+                     f"{r['train_time_s']:.1f} s | {probe_text(r['machine_speed'])} |")
     acc = report["accuracy"]
     lines.append("")
     if acc["std"] is None:
@@ -131,4 +151,12 @@ def table(report: dict) -> str:
             f"seed {r['seed']} (finished {r['finished']})" for r in kept))
     wall = report["wall_time_s"]
     lines.append(f"wall time per run: mean {wall['mean']:.1f} s, max {wall['max']:.1f} s")
+    lines.append(f"machine speed: {benchmark.PROBE['model']}'s training img/s at batch {benchmark.PROBE['batch_size']}, "
+                 f"{benchmark.PROBE['steps']} steps, just before and after each run")
     return "\n".join(lines)
+
+
+def probe_text(speed: dict | None) -> str:
+    if speed is None:
+        return "not probed"
+    return f"{speed['before']['images_per_s']:,.0f} / {speed['after']['images_per_s']:,.0f} img/s"
