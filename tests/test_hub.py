@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from cifarkit import Classifier, data, models
 from cifarkit.errors import CifarkitError
+from cifarkit.inference import SHIPPED
 from conftest import FIXTURE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +45,9 @@ def test_an_architecture_comes_untrained_or_with_its_release_weights():
     shipped = Classifier.pretrained("B", backend="torch-fp32").model.state_dict()
     assert not trained.training and trained.state_dict().keys() == shipped.keys()
     assert all(torch.equal(trained.state_dict()[k], shipped[k]) for k in shipped)
-    with pytest.raises(CifarkitError, match="release A holds fastnet_wide weights, not resnet18; load 'fastnet_wide'"):
+    held = yaml.safe_load((SHIPPED / "version_A" / "config.yaml").read_text())["model"]["name"]
+    assert held != "resnet18"
+    with pytest.raises(CifarkitError, match=f"release A holds {held} weights, not resnet18; load '{held}'"):
         hub("resnet18", release="A")
 
 

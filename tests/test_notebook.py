@@ -2,7 +2,10 @@
 from pathlib import Path
 
 import nbformat
+import yaml
 from nbclient import NotebookClient
+
+from cifarkit.inference import SHIPPED
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
 
@@ -21,6 +24,7 @@ def test_the_notebook_runs_and_shows_its_pictures(cifar_home, tmp_path):
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "test accuracy" in text and "release A: fastnet_wide" in text
+    held = yaml.safe_load((SHIPPED / "version_A" / "config.yaml").read_text())["model"]["name"]
+    assert "test accuracy" in text and f"release A: {held}" in text
     pictures = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.data]
     assert len(pictures) == 2  # the curves and the example pictures with their predictions
