@@ -33,7 +33,9 @@ X86_FEATURES = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported",
 
 def cpu_features() -> list[str]:
     """The X86_FEATURES this CPU has; [] elsewhere (an Arm CPU's bf16 shows in cpu_has_bf16 alone)."""
-    return [name for name, probe in X86_FEATURES.items() if _is_x86() and getattr(torch.cpu, probe)()]
+    if not _is_x86():
+        return []
+    return [name for name, probe in X86_FEATURES.items() if getattr(torch.cpu, probe)()]
 
 
 def cpu_has_bf16() -> bool:
