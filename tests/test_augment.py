@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from cifarkit import data
-from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig
+from cifarkit import config, data
+from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig
+from cifarkit.errors import CifarkitError
 
 
 def images(n=64, seed=0):
@@ -74,3 +75,31 @@ def test_cutout_zeroes_at_most_a_16_pixel_square():
     zeros = (out[:, 0] == 0).sum(dim=(1, 2))
     assert zeros.max() == 256 and zeros.min() >= 64  # a centre in a corner still clips to 8x8
     assert torch.equal(out[:, 0] == 0, out[:, 2] == 0)  # the same square in every channel
+
+
+def test_early_crop_is_a_window_of_the_translated_image():
+    x = images(32)
+    out = data.augment(x, AugmentConfig(translate=2), (0, 0, 0), (1 / 255,) * 3, gen(4), crop=24)
+    assert out.shape == (32, 3, 24, 24) and out.is_contiguous(memory_format=torch.channels_last)
+    padded = torch.nn.functional.pad(x.float(), (2, 2, 2, 2), mode="reflect")
+    offsets = set()
+    for i in range(len(x)):
+        windows = [(dy, dx) for dy in range(13) for dx in range(13)
+                   if torch.equal(padded[i, :, dy:dy + 24, dx:dx + 24], out[i])]
+        assert windows, f"image {i} is not a 24-pixel window of its padded original"
+        offsets.update(windows)
+    assert len(offsets) > 10  # the window's place is drawn per image, across the whole padded image
+
+
+def test_loader_crops_only_the_early_epochs():
+    cfg = DataConfig(augment=AugmentConfig(translate=2, early_crop=20, early_crop_epochs=2))
+    loader = data.TrainLoader(images(64), torch.arange(64) % 10, 32, cfg, seed=0)
+    sizes = [{tuple(inputs.shape[2:]) for batch in loader.epoch(e) for inputs, _ in batch} for e in (1, 2, 3)]
+    assert sizes == [{(20, 20)}, {(20, 20)}, {(32, 32)}]
+
+
+@pytest.mark.parametrize("crop, epochs, problem", [(0, 2, "early_crop: 0"), (32, 1, "early_crop: 32"),
+                                                    (24, -1, "early_crop_epochs: -1")])
+def test_bad_early_crop_is_refused(crop, epochs, problem):
+    with pytest.raises(CifarkitError, match=problem):
+        config.load_recipe("fast", [f"data.augment.early_crop={crop}", f"data.augment.early_crop_epochs={epochs}"])

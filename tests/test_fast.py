@@ -234,3 +234,7 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     assert sum(parts.values()) == pytest.approx(result["profiled_step_s"], rel=0.05)
     assert result["process_per_step"]["user_s"] > 0 and result["evaluation"]["test_pass_s"] > 0
     assert result["command"].startswith("cifarkit profile")
+    # The timed steps are the first epoch's, at its crop size when the recipe starts on low-resolution crops.
+    augment = load_recipe("fast").data.augment
+    side = augment.early_crop if augment.early_crop_epochs else 32
+    assert result["image_size"] == [side, side] and f"of {side}x{side} images" in printed

@@ -27,6 +27,11 @@ class AugmentConfig:
     alternate_flip: bool = False  # with flip: random in epoch 1, then each image mirrored opposite to last epoch
     cutout: int = 0  # side of the zeroed square, in pixels (0 = off)
     autoaugment: str | None = None  # torchvision AutoAugment policy name, e.g. "cifar10"
+    # Low-resolution early epochs: the first early_crop_epochs train on random early_crop x early_crop windows of
+    # the (translated) images, at that share of the pixels' cost. Objects keep their scale, the later epochs see
+    # whole images. 0 = off.
+    early_crop: int = 0
+    early_crop_epochs: int = 0
 
 
 @dataclass
@@ -206,6 +211,12 @@ def _check_ranges(recipe: Recipe) -> None:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
     if recipe.train.whiten_bias_epochs is not None and recipe.train.whiten_bias_epochs < 0:
         raise CifarkitError(f"bad value for train.whiten_bias_epochs: {recipe.train.whiten_bias_epochs} (must be >= 0)")
+    augment = recipe.data.augment
+    if augment.early_crop_epochs < 0:
+        raise CifarkitError(f"bad value for data.augment.early_crop_epochs: {augment.early_crop_epochs} (must be >= 0)")
+    if augment.early_crop_epochs and not 0 < augment.early_crop < 32:
+        raise CifarkitError(f"bad value for data.augment.early_crop: {augment.early_crop} (a window of 1 to 31 pixels, "
+                            f"smaller than the 32-pixel images, for its {augment.early_crop_epochs} early epochs)")
     if recipe.train.select_fraction is not None and not 0.0 < recipe.train.select_fraction <= 1.0:
         raise CifarkitError(f"bad value for train.select_fraction: {recipe.train.select_fraction} (must be in (0, 1])")
     if recipe.train.ema_decay is not None and not 0.0 < recipe.train.ema_decay < 1.0:

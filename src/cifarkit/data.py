@@ -288,14 +288,16 @@ def normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
     return (x.float() - mean) / std
 
 
-def random_shift(x: torch.Tensor, pad: int, mode: str, generator: torch.Generator) -> torch.Tensor:
-    """Each image cropped back to its size at a random offset after padding by `pad` (a random crop / translate)."""
+def random_shift(x: torch.Tensor, pad: int, mode: str, generator: torch.Generator, size: int | None = None):
+    """Each image padded by `pad`, then cropped at a random offset: back to its own size (a random crop / translate),
+    or to `size` x `size`."""
     n, _, h, w = x.shape
-    padded = F.pad(x, (pad, pad, pad, pad), mode=mode)
-    dy = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator, device=x.device)
-    dx = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator, device=x.device)
-    rows = dy + torch.arange(h, device=x.device).view(1, h, 1)
-    cols = dx + torch.arange(w, device=x.device).view(1, 1, w)
+    out_h, out_w = (size, size) if size else (h, w)
+    padded = F.pad(x, (pad, pad, pad, pad), mode=mode) if pad else x
+    dy = torch.randint(0, h + 2 * pad - out_h + 1, (n, 1, 1), generator=generator, device=x.device)
+    dx = torch.randint(0, w + 2 * pad - out_w + 1, (n, 1, 1), generator=generator, device=x.device)
+    rows = dy + torch.arange(out_h, device=x.device).view(1, out_h, 1)
+    cols = dx + torch.arange(out_w, device=x.device).view(1, 1, out_w)
     # Advanced indexing around the channel slice gives N x H x W x C, i.e. the channels-last layout for free.
     return padded[torch.arange(n, device=x.device).view(n, 1, 1), :, rows, cols].permute(0, 3, 1, 2)
 
@@ -330,15 +332,16 @@ def auto_augment(x: torch.Tensor, policy: str, generator: torch.Generator) -> to
 
 
 def augment(x: torch.Tensor, cfg: AugmentConfig, mean, std, generator: torch.Generator,
-            flip: torch.Tensor | None = None) -> torch.Tensor:
-    """uint8 batch -> augmented, normalized float batch, all on x's device. `flip` overrides the random mirroring."""
+            flip: torch.Tensor | None = None, crop: int | None = None) -> torch.Tensor:
+    """uint8 batch -> augmented, normalized float batch, all on x's device. `flip` overrides the random mirroring;
+    `crop` cuts each image to a random crop x crop window of its translated self."""
     if cfg.autoaugment:
         x = auto_augment(x, cfg.autoaugment, generator)
     if cfg.crop_pad:
         x = random_shift(x, cfg.crop_pad, "constant", generator)
     x = normalize(x, mean, std)
-    if cfg.translate:
-        x = random_shift(x, cfg.translate, "reflect", generator)
+    if cfg.translate or crop:
+        x = random_shift(x, cfg.translate, "reflect", generator, crop)
     if cfg.flip:
         x = random_flip(x, generator, flip)
     if cfg.cutout:
@@ -382,13 +385,14 @@ class TrainLoader:
             int(np.random.SeedSequence([self.seed, epoch, s]).generate_state(1, np.uint64)[0])) for s in self.own}
         for step in range(self.steps_per_epoch):
             micro_batches = []
+            crop = self.cfg.augment.early_crop if epoch <= self.cfg.augment.early_crop_epochs else None
             with record_function("augmentation"):
                 for s in self.own:
                     start = step * self.batch_size + s * self.shard_size
                     idx = order[start:start + self.shard_size]
                     flip = self.first_epoch_flip[idx] ^ (epoch % 2 == 0) if self.cfg.augment.alternate_flip else None
                     inputs = augment(self.images[idx], self.cfg.augment, self.cfg.mean, self.cfg.std, generators[s],
-                                     flip)
+                                     flip, crop)
                     micro_batches.append((inputs.contiguous(memory_format=self.memory_format), self.labels[idx]))
             yield micro_batches
 

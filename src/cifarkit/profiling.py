@@ -45,6 +45,10 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     setup = train.prepare(recipe, group, device)
     cfg, state = recipe.train, setup.state
     batches = setup.loader.endless()
+    # The early epochs may train on smaller crops (data.augment.early_crop): the table names the size it timed.
+    first = next(batches)
+    image_size = list(first[0][0].shape[-2:])
+    batches = itertools.chain([first], batches)
 
     def train_steps(count: int) -> dict:
         return train_one_epoch(state, itertools.islice(batches, count), count, cfg.batch_size, setup.loss_fn, device,
@@ -80,6 +84,7 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     eval_s_per_image = (time.perf_counter() - started) / count
     return {
         "recipe": recipe.name, "model": recipe.model.name, "batch_size": cfg.batch_size, "steps": steps,
+        "image_size": image_size,
         "precision": setup.precision.name, "steps_per_epoch": setup.loader.steps_per_epoch,
         "step_s": step_s, "images_per_s": cfg.batch_size / step_s,
         "epoch_s": step_s * setup.loader.steps_per_epoch,
@@ -152,7 +157,8 @@ def _enclosing_phase(event) -> str | None:
 def table(result: dict) -> str:
     lines = describe(result["environment"]) + [
         "",
-        f"recipe {result['recipe']} ({result['model']}, {result['precision']}, batch {result['batch_size']}): "
+        f"recipe {result['recipe']} ({result['model']}, {result['precision']}, batch {result['batch_size']} of "
+        f"{'x'.join(map(str, result['image_size']))} images): "
         f"{1000 * result['step_s']:.1f} ms per step, {result['images_per_s']:.0f} img/s, "
         f"{result['epoch_s']:.1f} s per epoch of {result['steps_per_epoch']} steps (mean of {result['steps']} steps, "
         f"not profiled)",
