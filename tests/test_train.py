@@ -107,8 +107,8 @@ def test_killed_run_resumes_bit_identically(cifar_home, tmp_path):
 def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(cifar_home, tmp_path, monkeypatch, capsys):
     real_augment = data.augment
 
-    def poisoned_from_epoch_2(images, cfg, mean, std, generator, flip=None):
-        out = real_augment(images, cfg, mean, std, generator, flip)
+    def poisoned_from_epoch_2(images, cfg, mean, std, generator, flip=None, crop=None):
+        out = real_augment(images, cfg, mean, std, generator, flip, crop)
         return out * float("nan") if generator.initial_seed() % 100_003 >= 2 else out
     monkeypatch.setattr(data, "augment", poisoned_from_epoch_2)
     out = tmp_path / "nan"
