@@ -383,9 +383,9 @@ class TrainLoader:
         order = torch.randperm(len(self.images), generator=generator, device=device)
         generators = {s: generator if s == 0 else torch.Generator(device=device).manual_seed(
             int(np.random.SeedSequence([self.seed, epoch, s]).generate_state(1, np.uint64)[0])) for s in self.own}
+        crop = self.cfg.augment.early_crop if epoch <= self.cfg.augment.early_crop_epochs else None
         for step in range(self.steps_per_epoch):
             micro_batches = []
-            crop = self.cfg.augment.early_crop if epoch <= self.cfg.augment.early_crop_epochs else None
             with record_function("augmentation"):
                 for s in self.own:
                     start = step * self.batch_size + s * self.shard_size

@@ -11,8 +11,6 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
-import yaml
-
 from cifarkit import benchmark, device, plots, train
 from cifarkit.config import load_recipe
 from cifarkit.errors import CifarkitError, first_line
@@ -105,7 +103,7 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
                                 .isoformat(timespec="seconds"),
             "kept_from_an_earlier_command": kept[seed] is not None,
             # Each run's own facts (versions, allocator, CPU features): a kept run may come from another command.
-            "run": yaml.safe_load((run_dir / "config.yaml").read_text())["run"],
+            "run": train.read_run_facts(run_dir),
             "machine_speed": json.loads(speed_file.read_text()) if speed_file.is_file() else None,
             "curve": [{"epoch": r["epoch"], "elapsed_s": r["elapsed_s"], "test_acc": r["test_acc"]}
                       for r in records if "test_acc" in r],

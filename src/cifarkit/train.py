@@ -146,13 +146,22 @@ def _read_run(out: Path) -> tuple[Recipe, dict | None]:
 
 def read_recipe(out: Path) -> Recipe:
     """The recipe a run folder was started with: its config.yaml, less the facts of the run."""
+    return _read_config(out, lambda resolved: recipe_from_dict({k: v for k, v in resolved.items() if k != "run"}))
+
+
+def read_run_facts(out: Path) -> dict:
+    """The facts of the run that config.yaml records beside its recipe (versions, allocator, CPU features)."""
+    return _read_config(out, lambda resolved: resolved["run"])
+
+
+def _read_config(out: Path, part):
     config_path = out / "config.yaml"
     try:
         resolved = yaml.safe_load(config_path.read_text())
         if not isinstance(resolved, dict):
             raise CifarkitError("not a mapping of recipe sections")
-        return recipe_from_dict({k: v for k, v in resolved.items() if k != "run"})
-    except (yaml.YAMLError, UnicodeDecodeError, CifarkitError, TypeError, ValueError) as e:
+        return part(resolved)
+    except (yaml.YAMLError, UnicodeDecodeError, CifarkitError, TypeError, ValueError, KeyError) as e:
         raise CifarkitError(f"{config_path} is damaged ({first_line(e)}); restore it, or start a new run with "
                             f"`cifarkit train --out NEW_FOLDER`") from None
 
