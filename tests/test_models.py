@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from cifarkit import models
 from cifarkit.models import layers
@@ -70,19 +71,44 @@ def test_models_command(capsys):
 
 
 @pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
-def test_matmul_weight_gradient_equals_the_convolutions(memory_format):
-    inputs = torch.randn(5, 6, 7, 3).contiguous(memory_format=memory_format)
+@pytest.mark.parametrize("padding", [(1, 1, 1, 1), (1, 0, 1, 0)])
+@pytest.mark.parametrize("slice_rows", [10_000, 21])
+def test_matmul_weight_gradient_equals_the_convolutions(memory_format, padding, slice_rows):
+    padded = F.pad(torch.randn(5, 6, 7, 3), padding).contiguous(memory_format=memory_format)
     weight = torch.randn(4, 6, 3, 3)
-    grad_output = torch.randn(5, 4, 7, 3).contiguous(memory_format=memory_format)
-    expected = torch.ops.aten.convolution_backward(grad_output, inputs, weight, None, [1, 1], [1, 1], [1, 1], False,
+    out_h, out_w = padded.shape[2] - 2, padded.shape[3] - 2
+    grad_output = torch.randn(5, 4, out_h, out_w).contiguous(memory_format=memory_format)
+    expected = torch.ops.aten.convolution_backward(grad_output, padded, weight, None, [1, 1], [0, 0], [1, 1], False,
                                                    [0, 0], 1, [False, True, False])[1]
-    torch.testing.assert_close(layers.weight_gradient_by_matmul(grad_output, inputs), expected, rtol=1e-5, atol=1e-4)
+    # 21 rows: one image per slice, five slices.
+    result = layers.weight_gradient_by_matmul(grad_output, padded, slice_rows=slice_rows)
+    assert result.dtype == torch.float32
+    torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("width, matmul_path", [(7, True), (16, False)])
-def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path):
+@pytest.mark.parametrize("model_name", ["fastnet", "fastnet_deep"])
+def test_pooled_convolutions_skip_only_what_the_pool_drops(model_name):
+    # The first convolution of each group leaves out the odd last row and column that its max-pool never reads: the
+    # network computes the same function as with every output computed.
     torch.manual_seed(0)
-    conv = layers.Conv3x3(16, 32)
+    model = models.create(model_name).eval()
+    pooled = [m for m in model.modules() if isinstance(m, layers.Conv3x3) and m.pooled]
+    assert len(pooled) == 3
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        cropped = model(x)
+        for conv in pooled:
+            conv.pooled = False
+        full = model(x)
+    torch.testing.assert_close(cropped, full, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("width, matmul_path, pooled", [(7, True, False), (7, True, True), (16, False, False),
+                                                      (15, False, True)])
+def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path, pooled):
+    torch.manual_seed(0)
+    conv = layers.Conv3x3(16, 32, pooled=pooled)
+    kept = width - width % 2 if pooled else width  # the rows and columns a following 2x2 max-pool reads
     reference = torch.nn.Conv2d(16, 32, 3, padding=1, bias=False)
     reference.load_state_dict(conv.state_dict())
     x = torch.randn(8, 16, width, width).contiguous(memory_format=torch.channels_last)
@@ -91,6 +117,8 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path):
         inputs = x.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = module(inputs)
+        if module is reference:
+            out = out[..., :kept, :kept]
         out.float().square().sum().backward()
         results.append((out, inputs.grad, module.weight.grad))
     (out, input_grad, weight_grad), (ref_out, ref_input_grad, ref_weight_grad) = results

@@ -28,8 +28,8 @@ def _norm(channels: int) -> nn.BatchNorm2d:
     return norm
 
 
-def _conv(c_in: int, c_out: int) -> nn.Conv2d:
-    conv = Conv3x3(c_in, c_out)
+def _conv(c_in: int, c_out: int, pooled: bool = False) -> nn.Conv2d:
+    conv = Conv3x3(c_in, c_out, pooled)
     # Partial identity init: the first c_in filters pass their input channel through, so a net without residual
     # connections still starts close to an identity map and trains from its first steps.
     with torch.no_grad():
@@ -40,7 +40,7 @@ def _conv(c_in: int, c_out: int) -> nn.Conv2d:
 class ConvGroup(nn.Sequential):
     def __init__(self, c_in: int, c_out: int):
         super().__init__(
-            _conv(c_in, c_out), nn.MaxPool2d(2), _norm(c_out), nn.GELU(),
+            _conv(c_in, c_out, pooled=True), nn.MaxPool2d(2), _norm(c_out), nn.GELU(),
             _conv(c_out, c_out), _norm(c_out), nn.GELU(),
         )
 

@@ -3,11 +3,13 @@
 `Conv3x3` is a stride-1, padding-1 3x3 convolution, an `nn.Conv2d` in every way that is saved or exported. Only its
 bf16 training backward on the CPU differs, and only for small images. `cifarkit profile` showed the convolutions'
 backward at half of a fastnet step, and in it oneDNN's weight-gradient kernel (brgconv_bwd_w, AMX) was the slow part
-for small images: on the 2-core AMX machine this was measured on, it took 3-4x the forward's time for the 256-channel
-layers at 7x7 and 3x3. The same sum computed as one matmul over the 9 shifted copies of the input (im2col in channels-
-last) took 0.52x and 0.20x of oneDNN's time there (medians of 15 interleaved pairs, batch 500, bf16). At 15 and 31
-pixels per row oneDNN was faster (1.9-5.9x), so larger images keep it, and so does fp32, where oneDNN's weight
-gradient took 0.9-1.2x the forward's time and the matmul 0.8-1.6x of oneDNN's (batch 256).
+for small images: on the 2-core AMX machines this was measured on, at batch 2000 in bf16, it ran at 0.56 TFLOP/s
+for the 256-channel layer at 7x7 and 0.18 at 3x3, where the forward ran at 1.6 and 1.4. The same sum computed as
+matmuls over the 9 shifted copies of the input (im2col in channels-last), in slices of about 2,048 rows, took
+176-191 ms against oneDNN's 205-220 at 7x7, and 33-45 against 121-128 at 3x3 (medians of 5; one matmul over the
+whole batch took 245-296 and 41-44). At 15 and 31 pixels per row oneDNN was faster (1.9-5.9x), so larger images keep
+it, and so does fp32, where oneDNN's weight gradient took 0.9-1.2x the forward's time and the matmul 0.8-1.6x of
+oneDNN's (batch 256).
 """
 from __future__ import annotations
 
@@ -17,54 +19,81 @@ from torch import nn
 
 # The widest output row that goes to the matmul: rows of 7 and 3 were faster that way, rows of 15 were not.
 MATMUL_WEIGHT_GRAD_MAX_WIDTH = 8
+# Rows of the shifted-copy matrix per matmul. Slices of ~2,048 rows (41 images at 7x7, 9 MB of copies for 256
+# channels) let each matmul read its copies while they are still in cache; one matmul over the whole batch (452 MB of
+# copies at batch 2000) took 1.3x as long, slices of 1,024 rows were slower again (matmul overhead), 4,096 no faster.
+SLICE_ROWS = 2048
 
 
-def weight_gradient_by_matmul(grad_output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-    """The weight gradient of a stride-1, padding-1 3x3 convolution: (C_out, C_in, 3, 3), in the inputs' dtype.
+def weight_gradient_by_matmul(grad_output: torch.Tensor, padded: torch.Tensor,
+                              slice_rows: int = SLICE_ROWS) -> torch.Tensor:
+    """The weight gradient of a stride-1 3x3 convolution of the already padded input: (C_out, C_in, 3, 3), in fp32.
 
-    With the input's 9 shifted copies side by side, cols is (N*H*W, 9*C_in) and the gradient is grad^T @ cols. The
-    copy takes 9x the input's memory (452 MB at batch 2000, 7x7, 256 channels, bf16). Slices of 500 images were not
-    measurably faster over whole steps, so it is one matmul.
+    With the input's 9 shifted copies side by side, cols is (N*H*W, 9*C_in) for the output's H x W, and the gradient
+    is grad^T @ cols, taken over slices of whole images of about `slice_rows` rows each, and added up in fp32.
     """
-    c_in, h, w = inputs.shape[1:]
-    padded = F.pad(inputs, (1, 1, 1, 1)).permute(0, 2, 3, 1)  # N, H+2, W+2, C_in
-    cols = torch.cat([padded[:, dy:dy + h, dx:dx + w] for dy in range(3) for dx in range(3)], dim=3)
-    grad_rows = grad_output.permute(0, 2, 3, 1).reshape(-1, grad_output.shape[1])  # N*H*W, C_out
-    # A contiguous C_out x N*H*W left operand: the transposed view made the matmul 1.3x slower.
-    grad_weight = grad_rows.t().contiguous() @ cols.reshape(-1, 9 * c_in)  # C_out, (dy, dx, C_in)
+    n, c_in = padded.shape[:2]
+    c_out, h, w = grad_output.shape[1:]
+    padded_nhwc = padded.permute(0, 2, 3, 1)
+    grad_nhwc = grad_output.permute(0, 2, 3, 1)
+    grad_weight = torch.zeros(c_out, 9 * c_in, dtype=torch.float32, device=padded.device)
+    images = max(1, slice_rows // (h * w))
+    for start in range(0, n, images):
+        window = padded_nhwc[start:start + images]
+        cols = torch.cat([window[:, dy:dy + h, dx:dx + w] for dy in range(3) for dx in range(3)], dim=3)
+        # A contiguous C_out x rows left operand: the transposed view made the matmul slower.
+        grad_rows = grad_nhwc[start:start + images].reshape(-1, c_out).t().contiguous()
+        grad_weight += grad_rows @ cols.reshape(-1, 9 * c_in)  # C_out, (dy, dx, C_in)
     return grad_weight.view(-1, 3, 3, c_in).permute(0, 3, 1, 2)
 
 
 class _Conv3x3MatmulWeightGrad(torch.autograd.Function):
+    """conv2d(padded, weight) with no further padding; its weight gradient by `weight_gradient_by_matmul`."""
+
     @staticmethod
-    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(inputs, weight)
-        return F.conv2d(inputs, weight, padding=1)
+    def forward(ctx, padded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # The weight comes in its own dtype (fp32 under autocast) and is cast here, so that the fp32 sum of the
+        # gradient reaches it without a round trip through bf16.
+        low_weight = weight.to(padded.dtype)
+        ctx.save_for_backward(padded, low_weight)
+        ctx.weight_dtype = weight.dtype
+        return F.conv2d(padded, low_weight)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        inputs, weight = ctx.saved_tensors
+        padded, low_weight = ctx.saved_tensors
         grad_input = grad_weight = None
         if ctx.needs_input_grad[0]:
             grad_input = torch.ops.aten.convolution_backward(
-                grad_output, inputs, weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False])[0]
+                grad_output, padded, low_weight, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                [True, False, False])[0]
         if ctx.needs_input_grad[1]:
-            grad_weight = weight_gradient_by_matmul(grad_output, inputs)
+            grad_weight = weight_gradient_by_matmul(grad_output, padded).to(ctx.weight_dtype)
         return grad_input, grad_weight
 
 
 class Conv3x3(nn.Conv2d):
-    def __init__(self, c_in: int, c_out: int):
+    """A 3x3 convolution with zero padding 1. `pooled`: a 2x2 max-pool with floor rounding follows, which never
+    reads an odd last row or column of this output, so those are not computed: the input gets no padding on that
+    side. In fastnet this skips 27% of the last group's first convolution (7x7 -> 6x6), 13% of the second's
+    (15 -> 14) and 6% of the first's (31 -> 30), forward and backward, and the same share of the pooling's input."""
+
+    def __init__(self, c_in: int, c_out: int, pooled: bool = False):
         super().__init__(c_in, c_out, 3, padding=1, bias=False)
+        self.pooled = pooled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[-2:]
+        # (left, right, top, bottom). Arithmetic, not a branch on the size: a traced model stays free of constants.
+        padding = (1, 1 - w % 2, 1, 1 - h % 2) if self.pooled else (1, 1, 1, 1)
         if (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"
-                and x.shape[-1] <= MATMUL_WEIGHT_GRAD_MAX_WIDTH):
+                and w <= MATMUL_WEIGHT_GRAD_MAX_WIDTH):
             dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
             # In fp32 oneDNN's weight gradient took about the forward's time, and the matmul was not faster.
             if dtype == torch.bfloat16:
-                # The cast autocast would make inside conv2d, made here: the gradient then flows back to the fp32
-                # weight through .to(), as it does through autocast's own cast.
+                # The input cast autocast would make inside conv2d, made here.
                 with torch.autocast("cpu", enabled=False):
-                    return _Conv3x3MatmulWeightGrad.apply(x.to(dtype), self.weight.to(dtype))
+                    return _Conv3x3MatmulWeightGrad.apply(F.pad(x.to(dtype), padding), self.weight)
+        if self.pooled:
+            return F.conv2d(F.pad(x, padding), self.weight)
         return super().forward(x)
