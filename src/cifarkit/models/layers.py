@@ -21,7 +21,7 @@ from torch import nn
 MATMUL_WEIGHT_GRAD_MAX_WIDTH = 8
 # Rows of the shifted-copy matrix per matmul. Slices of ~2,048 rows (41 images at 7x7, 9 MB of copies for 256
 # channels) let each matmul read its copies while they are still in cache; one matmul over the whole batch (452 MB of
-# copies at batch 2000) took 1.3x as long, slices of 1,024 rows were slower again (matmul overhead), 4,096 no faster.
+# copies at batch 2000) took 1.3-1.5x as long, slices of 1,024 rows were slower again (matmul overhead), 4,096 no faster.
 SLICE_ROWS = 2048
 
 
