@@ -188,7 +188,14 @@ def test_ctrl_c_during_training_prints_the_resume_command(cifar_home, tmp_path):
             "50", "--epochs", "1000", "--out", "runs/try1"]  # relative: the line must give the real path
     terminal, child_end = pty.openpty()
     fcntl.ioctl(child_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a width, or tqdm draws nothing
-    proc = subprocess.Popen(args, cwd=work, stdout=subprocess.DEVNULL, stderr=child_end)
+    # A shell starts its background jobs (`cmd &` in a script) with SIGINT ignored, and a child inherits that, so
+    # under such a job the run would never see the signal. Ctrl-C reaches a terminal's foreground job, whose SIGINT
+    # has its default action: the child is started with that, whatever this process inherited.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(args, cwd=work, stdout=subprocess.DEVNULL, stderr=child_end)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     os.close(child_end)
     shown, deadline, interrupted = b"", time.monotonic() + 120, False
     while True:  # read all the while: a full terminal buffer would stop the child
