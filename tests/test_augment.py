@@ -103,3 +103,22 @@ def test_loader_crops_only_the_early_epochs():
 def test_bad_early_crop_is_refused(crop, epochs, problem):
     with pytest.raises(CifarkitError, match=problem):
         config.load_recipe("fast", [f"data.augment.early_crop={crop}", f"data.augment.early_crop_epochs={epochs}"])
+
+
+def test_color_jitter_shifts_and_scales_each_image_by_one_draw_in_range():
+    x = torch.randn(300, 3, 8, 8)
+    shifted = data.color_jitter(x, 0.2, 0.0, gen())
+    shift = (shifted - x).flatten(1)
+    assert torch.allclose(shift, shift[:, :1].expand_as(shift), atol=1e-6)  # one brightness per image
+    assert shift.abs().max() <= 0.2 and shift[:, 0].std() > 0.08  # spread over the range, not a constant
+    scaled = data.color_jitter(x, 0.0, 0.3, gen())
+    scale = (scaled / x).flatten(1)
+    assert torch.allclose(scale, scale[:, :1].expand_as(scale), atol=1e-4)  # one contrast per image
+    assert ((scale - 1).abs().max() <= 0.3) and scale[:, 0].std() > 0.12
+    assert torch.equal(data.color_jitter(x, 0.2, 0.3, gen(5)), data.color_jitter(x, 0.2, 0.3, gen(5)))
+
+
+@pytest.mark.parametrize("key, value", [("brightness", -0.1), ("contrast", 1.0)])
+def test_bad_color_jitter_is_refused(key, value):
+    with pytest.raises(CifarkitError, match=f"data.augment.{key}: {value}"):
+        config.load_recipe("fast", [f"data.augment.{key}={value}"])

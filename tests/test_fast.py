@@ -7,7 +7,8 @@ import torch
 from cifarkit import data, models, train
 from cifarkit.cli import main
 from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig, load_recipe
-from cifarkit.engine import tta_views
+from cifarkit.device import PRECISIONS
+from cifarkit.engine import evaluate, tta_views
 from cifarkit.optim import Lookahead, build_optimizer, build_schedule, orthogonalized
 from cifarkit.speedrun import statistics_against
 from conftest import FLOORS
@@ -102,6 +103,32 @@ def test_tta_views_are_mirrors_and_one_pixel_shifts():
     assert torch.equal(views[2][..., :-1, :-1], x[..., 1:, 1:])
     assert torch.equal(views[4], views[1].flip(3))
     assert tta_views(x, False) == [(1.0, x)]
+    assert [w for w, _ in tta_views(x, True, plain=False)] == list(weights[1:])
+
+
+def test_selective_tta_gives_the_extra_views_to_the_least_confident_images_only():
+    torch.manual_seed(0)
+    model = models.create("simplecnn")
+    images = torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (40,))
+    args = dict(mean=CIFAR10_MEAN, std=CIFAR10_STD, device=torch.device("cpu"), precision=PRECISIONS["fp32"],
+                batch_size=16)
+    with torch.no_grad():
+        x = data.normalize(images, CIFAR10_MEAN, CIFAR10_STD)
+        plain = model.eval()(x)
+        full = sum(weight * model(view) for weight, view in tta_views(x, True))
+    uncertain = plain.softmax(1).amax(1).argsort()[:10]
+    expected = plain.clone()
+    expected[uncertain] = full[uncertain]
+    result = evaluate(model, images, labels, tta=True, tta_share=0.25, **args)
+    assert torch.equal(result["predictions"], expected.argmax(1))
+    assert result["loss"] == pytest.approx(torch.nn.functional.cross_entropy(expected, labels).item(), rel=1e-5)
+    # The share's ends: every image (plain TTA) and none (the single view).
+    assert torch.equal(evaluate(model, images, labels, tta=True, tta_share=1.0, **args)["predictions"], full.argmax(1))
+    assert torch.equal(evaluate(model, images, labels, tta=True, tta_share=0.0, **args)["predictions"], plain.argmax(1))
+    # The loss tells the mixture from either end, so a share applied to the wrong images (or none) fails above.
+    losses = [torch.nn.functional.cross_entropy(logits, labels).item() for logits in (plain, full, expected)]
+    assert len({round(loss, 5) for loss in losses}) == 3
 
 
 def test_statistics_against_a_target():

@@ -32,6 +32,10 @@ class AugmentConfig:
     # whole images. 0 = off.
     early_crop: int = 0
     early_crop_epochs: int = 0
+    # Per-image colour jitter of the normalized image, x -> (x + b) * c with b ~ U(-brightness, brightness) and
+    # c ~ 1 + U(-contrast, contrast), in units of the channels' standard deviations. 0 = off.
+    brightness: float = 0.0
+    contrast: float = 0.0
 
 
 @dataclass
@@ -84,6 +88,9 @@ class TrainConfig:
     lookahead_every: int | None = None  # steps between lookahead syncs; None = off
     lookahead_decay: float = 0.95  # per-step decay of the lookahead's slow weights at the end of training
     tta: bool = False  # evaluate with mirror + 1-pixel-shift test-time augmentation
+    # With TTA: the share of the images, least confident first, that get the extra views (1.0: all of them). The
+    # confident rest keep their single view, which TTA seldom overturns, and the final evaluation costs less.
+    tta_share: float = 1.0
     device: str = "auto"  # auto | cuda | mps | cpu
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     channels_last: bool = True
@@ -217,8 +224,15 @@ def _check_ranges(recipe: Recipe) -> None:
     if augment.early_crop_epochs and not 0 < augment.early_crop < 32:
         raise CifarkitError(f"bad value for data.augment.early_crop: {augment.early_crop} (a window of 1 to 31 pixels, "
                             f"smaller than the 32-pixel images, for its {augment.early_crop_epochs} early epochs)")
+    for name in ("brightness", "contrast"):
+        if not 0.0 <= getattr(augment, name) < 1.0:
+            raise CifarkitError(f"bad value for data.augment.{name}: {getattr(augment, name)} (a jitter range from 0 "
+                                "to below 1)")
     if recipe.train.select_fraction is not None and not 0.0 < recipe.train.select_fraction <= 1.0:
         raise CifarkitError(f"bad value for train.select_fraction: {recipe.train.select_fraction} (must be in (0, 1])")
+    if not 0.0 <= recipe.train.tta_share <= 1.0:
+        raise CifarkitError(f"bad value for train.tta_share: {recipe.train.tta_share} (a share of the test images, "
+                            "from 0 to 1)")
     if recipe.train.ema_decay is not None and not 0.0 < recipe.train.ema_decay < 1.0:
         raise CifarkitError(f"bad value for train.ema_decay: {recipe.train.ema_decay} (must be in (0, 1))")
     if not 0.0 <= recipe.distill.weight <= 1.0:

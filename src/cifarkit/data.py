@@ -321,6 +321,12 @@ def cutout(x: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tens
     return x * ~inside.unsqueeze(1)
 
 
+def color_jitter(x: torch.Tensor, brightness: float, contrast: float, generator: torch.Generator) -> torch.Tensor:
+    """Shift each normalized image by one random brightness and scale it by one random contrast."""
+    draws = torch.rand(2, x.shape[0], 1, 1, 1, generator=generator, device=x.device) * 2 - 1
+    return (x + draws[0] * brightness) * (1 + draws[1] * contrast)
+
+
 def auto_augment(x: torch.Tensor, policy: str, generator: torch.Generator) -> torch.Tensor:
     """torchvision's AutoAugment, one policy draw per image; its global-RNG draws are seeded from `generator`."""
     from torchvision.transforms import v2
@@ -344,6 +350,8 @@ def augment(x: torch.Tensor, cfg: AugmentConfig, mean, std, generator: torch.Gen
         x = random_shift(x, cfg.translate, "reflect", generator, crop)
     if cfg.flip:
         x = random_flip(x, generator, flip)
+    if cfg.brightness or cfg.contrast:
+        x = color_jitter(x, cfg.brightness, cfg.contrast, generator)
     if cfg.cutout:
         x = cutout(x, cfg.cutout, generator)
     return x
@@ -400,7 +408,3 @@ class TrainLoader:
         """Steps without end, epoch after epoch: for measurements that count steps, not epochs."""
         return itertools.chain.from_iterable(self.epoch(epoch) for epoch in itertools.count(1))
 
-
-def eval_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int):
-    for start in range(0, len(x), batch_size):
-        yield x[start:start + batch_size], y[start:start + batch_size]

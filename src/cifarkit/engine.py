@@ -12,7 +12,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from cifarkit.data import eval_batches, normalize
+from cifarkit.data import normalize
 from cifarkit.device import Precision, autocast
 from cifarkit.distributed import sum_over_ranks
 from cifarkit.errors import CifarkitError
@@ -200,40 +200,64 @@ def _check_finite(loss_sum: torch.Tensor, step: int) -> None:
         raise DivergenceError(step)
 
 
-def tta_views(x: torch.Tensor, tta: bool) -> list[tuple[float, torch.Tensor]]:
+TTA_PLAIN_WEIGHT = 0.25  # the image itself; its mirror the same, each of the four shifted views half that
+
+
+def tta_views(x: torch.Tensor, tta: bool, plain: bool = True) -> list[tuple[float, torch.Tensor]]:
     """(weight, view) pairs whose weighted logits are summed. With TTA: the image and its mirror carry half the
     weight, and the same pair shifted one pixel up-left and down-right (reflect padding) a quarter each, the
-    small translations that training also shows (the weighting of Jordan 2024)."""
+    small translations that training also shows (the weighting of Jordan 2024). `plain=False` leaves out the
+    image itself, whose logits the caller has."""
     if not tta:
         return [(1.0, x)]
     padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
     h, w = x.shape[-2:]
-    pairs = [(0.5, x), (0.25, padded[..., :h, :w]), (0.25, padded[..., 2:, 2:])]
-    return [(weight / 2, view) for weight, view in pairs] + [(weight / 2, view.flip(3)) for weight, view in pairs]
+    shifted = TTA_PLAIN_WEIGHT / 2
+    pairs = [(TTA_PLAIN_WEIGHT, x), (shifted, padded[..., :h, :w]), (shifted, padded[..., 2:, 2:])]
+    views = pairs + [(weight, view.flip(3)) for weight, view in pairs]
+    return views if plain else views[1:]
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean, std, device: torch.device,
              precision: Precision, batch_size: int = 1000, channels_last: bool = True, tta: bool = False,
-             progress: str | None = None) -> dict:
-    """Loss, accuracy and the predicted class of every image, on uint8 images held anywhere. `progress` names a
-    progress bar, shown on a terminal only."""
+             tta_share: float = 1.0, progress: str | None = None) -> dict:
+    """Loss, accuracy and the predicted class of every image, on uint8 images held anywhere. With `tta_share` < 1,
+    only that share of the images, the least confident under the single view, gets the other TTA views; the rest
+    keep their single view's logits. `progress` names a progress bar, shown on a terminal only."""
     model.eval()
-    loss_sum, predictions = 0.0, []
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    with tqdm(total=len(labels), desc=progress, unit="img", unit_scale=True, leave=False,
-              disable=None if progress else True) as bar:
-        for x, y in eval_batches(images, labels, batch_size):
-            x = normalize(x.to(device, non_blocking=True), mean, std).contiguous(memory_format=memory_format)
-            y = y.to(device, non_blocking=True)
-            with autocast(device, precision):
-                logits = sum(weight * model(view).float() for weight, view in tta_views(x, tta))
-            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-            predictions.append(logits.argmax(1).cpu())
-            bar.update(len(y))
-    predictions = torch.cat(predictions)
-    return {"loss": loss_sum / len(labels), "acc": (predictions == labels.cpu()).float().mean().item(),
+    view_args = dict(model=model, mean=mean, std=std, device=device, precision=precision, batch_size=batch_size,
+                     channels_last=channels_last, progress=progress)
+    if not tta or tta_share >= 1.0:
+        logits = _view_logits(images, tta_views_of=lambda x: tta_views(x, tta), **view_args)
+    else:
+        logits = _view_logits(images, tta_views_of=lambda x: tta_views(x, False), **view_args)
+        confidence = logits.softmax(1).amax(1)
+        uncertain = confidence.topk(round(tta_share * len(labels)), largest=False).indices.sort().values
+        if len(uncertain):
+            others = _view_logits(images[uncertain], tta_views_of=lambda x: tta_views(x, True, plain=False),
+                                  **view_args)
+            logits[uncertain] = TTA_PLAIN_WEIGHT * logits[uncertain] + others
+    predictions = logits.argmax(1)
+    labels = labels.cpu()
+    return {"loss": F.cross_entropy(logits, labels).item(), "acc": (predictions == labels).float().mean().item(),
             "predictions": predictions}
+
+
+def _view_logits(images: torch.Tensor, model: nn.Module, mean, std, device: torch.device, precision: Precision,
+                 batch_size: int, channels_last: bool, tta_views_of, progress: str | None) -> torch.Tensor:
+    """The weighted sum of the views' fp32 logits for every image, on the CPU."""
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    chunks = []
+    with tqdm(total=len(images), desc=progress, unit="img", unit_scale=True, leave=False,
+              disable=None if progress else True) as bar:
+        for start in range(0, len(images), batch_size):
+            x = images[start:start + batch_size]
+            x = normalize(x.to(device, non_blocking=True), mean, std).contiguous(memory_format=memory_format)
+            with autocast(device, precision):
+                chunks.append(sum(weight * model(view).float() for weight, view in tta_views_of(x)).cpu())
+            bar.update(len(x))
+    return torch.cat(chunks)
 
 
 def per_class_accuracy(predictions: torch.Tensor, labels: torch.Tensor, classes: int = 10) -> list[float]:

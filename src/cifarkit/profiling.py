@@ -75,7 +75,7 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     test_x, test_y = setup.test
     count = min(eval_images, len(test_y))
     eval_args = dict(mean=recipe.data.mean, std=recipe.data.std, device=device, precision=setup.precision,
-                     channels_last=cfg.channels_last, tta=cfg.tta)
+                     channels_last=cfg.channels_last, tta=cfg.tta, tta_share=cfg.tta_share)
     evaluate(state.model, test_x[:200], test_y[:200], **eval_args)  # warm-up for the evaluation's batch shapes
     started = time.perf_counter()
     with record_function("evaluation"):
