@@ -38,6 +38,7 @@ def test_overrides_are_typed_and_dotted():
     ("train.epochs=2.5", r"bad value for train.epochs"),
     ("train.epochs=0", r"bad value for train.epochs: 0 \(must be > 0\)"),
     ("train.whiten_bias_epochs=-1", r"bad value for train.whiten_bias_epochs: -1 \(must be >= 0\)"),
+    ("train.tta_share=1.5", r"bad value for train.tta_share: 1.5 \(a share of the test images, from 0 to 1\)"),
     ("optim.name=lion", r"bad value for optim.name: 'lion' \(choose from sgd, adam, adamw, muon\)"),
     ("data.mean=[0.5]", r"bad value for data.mean"),
     ("train.flip=true", r"unknown key 'train.flip'"),
