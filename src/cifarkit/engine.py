@@ -229,14 +229,13 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
     view_args = dict(model=model, mean=mean, std=std, device=device, precision=precision, batch_size=batch_size,
                      channels_last=channels_last, progress=progress)
     if not tta or tta_share >= 1.0:
-        logits = _view_logits(images, tta_views_of=lambda x: tta_views(x, tta), **view_args)
+        logits = _view_logits(images, tta=tta, **view_args)
     else:
-        logits = _view_logits(images, tta_views_of=lambda x: tta_views(x, False), **view_args)
+        logits = _view_logits(images, tta=False, **view_args)
         confidence = logits.softmax(1).amax(1)
         uncertain = confidence.topk(round(tta_share * len(labels)), largest=False).indices.sort().values
         if len(uncertain):
-            others = _view_logits(images[uncertain], tta_views_of=lambda x: tta_views(x, True, plain=False),
-                                  **view_args)
+            others = _view_logits(images[uncertain], tta=True, plain=False, **view_args)
             logits[uncertain] = TTA_PLAIN_WEIGHT * logits[uncertain] + others
     predictions = logits.argmax(1)
     labels = labels.cpu()
@@ -244,9 +243,10 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
             "predictions": predictions}
 
 
-def _view_logits(images: torch.Tensor, model: nn.Module, mean, std, device: torch.device, precision: Precision,
-                 batch_size: int, channels_last: bool, tta_views_of, progress: str | None) -> torch.Tensor:
-    """The weighted sum of the views' fp32 logits for every image, on the CPU."""
+def _view_logits(images: torch.Tensor, tta: bool, model: nn.Module, mean, std, device: torch.device,
+                 precision: Precision, batch_size: int, channels_last: bool, progress: str | None,
+                 plain: bool = True) -> torch.Tensor:
+    """The weighted sum of the fp32 logits of `tta_views(x, tta, plain)` for every image, on the CPU."""
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     chunks = []
     with tqdm(total=len(images), desc=progress, unit="img", unit_scale=True, leave=False,
@@ -255,7 +255,7 @@ def _view_logits(images: torch.Tensor, model: nn.Module, mean, std, device: torc
             x = images[start:start + batch_size]
             x = normalize(x.to(device, non_blocking=True), mean, std).contiguous(memory_format=memory_format)
             with autocast(device, precision):
-                chunks.append(sum(weight * model(view).float() for weight, view in tta_views_of(x)).cpu())
+                chunks.append(sum(weight * model(view).float() for weight, view in tta_views(x, tta, plain)).cpu())
             bar.update(len(x))
     return torch.cat(chunks)
 

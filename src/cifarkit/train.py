@@ -235,7 +235,8 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     tracker = open_tracker(cfg.track, out, to_dict(recipe), setup.run_info)
     for record in records:  # epochs a stopped run finished but did not get to send (the tracker skips the rest)
         tracker.log_epoch(record)
-    eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last)
+    eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last,
+                     tta_share=cfg.tta_share)  # the share matters only where an evaluation has TTA
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
             try:
@@ -262,12 +263,11 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
                         checkpoint.save_weights(out / "checkpoints" / "best.safetensors", eval_model,
                                                 recipe.model.name, mean, std, epoch=epoch)
                     if tta:  # read as the test set will be, so that tuning on validation predicts the test figure
-                        val = evaluate(eval_model, val_x, val_y, tta=True, tta_share=cfg.tta_share, **eval_args)
+                        val = evaluate(eval_model, val_x, val_y, tta=True, **eval_args)
                         record.update(val_tta_loss=val["loss"], val_tta_acc=val["acc"])
                 if tta:
                     log.info("epoch %d trained; measuring the test accuracy with test-time augmentation", epoch)
-                test = evaluate(eval_model, test_x, test_y, tta=tta, tta_share=cfg.tta_share,
-                                progress="TTA" if tta else None, **eval_args)
+                test = evaluate(eval_model, test_x, test_y, tta=tta, progress="TTA" if tta else None, **eval_args)
                 record.update(test_loss=test["loss"], test_acc=test["acc"])
             record["elapsed_s"] = elapsed + time.perf_counter() - started
             records.append(record)
@@ -295,8 +295,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         selected_epoch = best["epoch"]
         log.info("measuring the test accuracy of epoch %d's weights, chosen on validation%s", selected_epoch,
                  " (with test-time augmentation)" if cfg.tta else "")
-        test = evaluate(final_model, test_x, test_y, tta=cfg.tta, tta_share=cfg.tta_share,
-                        progress="TTA" if cfg.tta else None, **eval_args)
+        test = evaluate(final_model, test_x, test_y, tta=cfg.tta, progress="TTA" if cfg.tta else None, **eval_args)
     checkpoint.save_weights(out / "model.safetensors", final_model, recipe.model.name, mean, std,
                             recipe=recipe.name, epoch=selected_epoch)
     summary = {
