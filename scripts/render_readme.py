@@ -223,12 +223,16 @@ def devices_block() -> str:
 
 
 def reference_block() -> str:
-    """results/compare-reference.json, written by scripts/compare_reference.py: the published airbench94 next to
-    `fast`, both timed as whole processes on this machine, alternating."""
-    result = json.loads((RESULTS / "compare-reference.json").read_text())
+    """results/compare-reference*.json, written by scripts/compare_reference.py: the published airbench94 next to
+    `fast`, both timed as whole processes on one machine, alternating; a file per machine measured."""
+    return "\n\n".join(_reference_comparison(json.loads(path.read_text()))
+                        for path in sorted(RESULTS.glob("compare-reference*.json")))
+
+
+def _reference_comparison(result: dict) -> str:
     env = result["environment"]
-    lines = [f"{env['processor']}, {env['threads']} cores, torch {env['torch']} (`{result['command']}`; timer: "
-             f"{result['timer_covers']}).", "",
+    lines = [f"{env['processor']} ({', '.join(env['cpu_features'])}), {env['threads']} cores, torch {env['torch']} "
+             f"(`{result['command']}`; timer: {result['timer_covers']}).", "",
              "| | runs | test accuracy (TTA), each | mean | whole process, each | mean |",
              "|---|---:|---|---:|---|---:|"]
     for name, label in (("reference", f"`{result['reference_package']}` `lib_airbench94` (CPU, bf16 autocast)"),
