@@ -64,8 +64,8 @@ def bench_block() -> str:
 
 
 def speedrun_block() -> str:
-    lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | "
-             "machine speed before each run | file |", "|---|---:|---:|---:|---|---:|---:|---:|---|"]
+    lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | CPU | "
+             "machine speed before each run | file |", "|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
     for path in sorted(RESULTS.glob("speedrun-*.json")):
         report = json.loads(path.read_text())
         acc, wall = report["accuracy"], report["wall_time_s"]
@@ -76,9 +76,18 @@ def speedrun_block() -> str:
             spread = (f"{100 * acc['std']:.2f} | [{100 * acc['ci95'][0]:.2f}, {100 * acc['ci95'][1]:.2f}] | "
                       f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
         lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
-                     f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | {machine_speeds(report['runs'])} | "
+                     f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | {cpu(report['environment'])} | "
+                     f"{machine_speeds(report['runs'])} | "
                      f"`results/{path.name}` |")
     return "\n".join(lines)
+
+
+def cpu(environment: dict) -> str:
+    """The processor and its bf16 engine, which set a CPU's training speed (and Conv3x3's kernel plan)."""
+    features = environment.get("cpu_features")
+    if features is None:  # speed runs from before the CPU's instruction sets were recorded
+        return environment["processor"]
+    return f"{environment['processor']} ({'AMX' if 'amx' in features else 'no AMX'})"
 
 
 def machine_speeds(runs: list[dict]) -> str:
@@ -231,7 +240,7 @@ def reference_block() -> str:
 
 def _reference_comparison(result: dict) -> str:
     env = result["environment"]
-    lines = [f"{env['processor']} ({', '.join(env['cpu_features'])}), {env['threads']} cores, torch {env['torch']} "
+    lines = [f"{cpu(env)}, {env['threads']} cores, torch {env['torch']} "
              f"(`{result['command']}`; timer: {result['timer_covers']}).", "",
              "| | runs | test accuracy (TTA), each | mean | whole process, each | mean |",
              "|---|---:|---|---:|---|---:|"]
