@@ -83,7 +83,7 @@ def speedrun_block() -> str:
 
 
 def cpu(environment: dict) -> str:
-    """The processor and its bf16 engine, which set a CPU's training speed (and Conv3x3's kernel plan)."""
+    """The processor and whether it has AMX, which sets its bf16 training speed (about 2x that of AVX512-BF16 alone)."""
     features = environment.get("cpu_features")
     if features is None:  # speed runs from before the CPU's instruction sets were recorded
         return environment["processor"]
