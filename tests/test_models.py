@@ -86,17 +86,26 @@ def test_matmul_weight_gradient_equals_the_convolutions(memory_format, padding, 
     torch.testing.assert_close(result, expected, rtol=1e-5, atol=1e-4)
 
 
+@pytest.fixture(params=sorted(layers.KERNEL_PLANS))
+def kernel_plan(request, monkeypatch):
+    """Each CPU's plan, whatever CPU runs the test."""
+    plan = layers.KERNEL_PLANS[request.param]
+    monkeypatch.setattr(layers, "cpu_plan", lambda: plan)
+    return plan
+
+
 @pytest.mark.parametrize("model_name", ["fastnet", "fastnet_deep"])
-def test_pooled_convolutions_skip_only_what_the_pool_drops(model_name):
+def test_pooled_convolutions_skip_only_what_the_pool_drops(model_name, kernel_plan):
     # The first convolution of each group is followed by a 2x2 max-pool; in bf16 training its 7x7 one computes only
-    # the 6x6 outputs the pool reads. The network's loss and gradients are those of every output computed.
+    # the 6x6 outputs the pool reads, and without AMX its 15x15 one the 14x14. The network's loss and gradients are
+    # those of every output computed.
     torch.manual_seed(0)
     model = models.create(model_name).train()
     pooled = [m for m in model.modules() if isinstance(m, layers.Conv3x3) and m.pooled]
     assert len(pooled) == 3
     x = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     results, shapes = [], []
-    hook = pooled[-1].register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape[-2:])))
+    hooks = [conv.register_forward_hook(lambda module, args, out: shapes.append(out.shape[-1])) for conv in pooled]
     for crop in (True, False):
         for conv in pooled:
             conv.pooled = crop
@@ -105,21 +114,26 @@ def test_pooled_convolutions_skip_only_what_the_pool_drops(model_name):
             loss = model(x).float().square().sum()
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
-    hook.remove()
-    assert shapes == [(6, 6), (7, 7)]
+    for hook in hooks:
+        hook.remove()
+    cropped_15 = 14 if kernel_plan.onednn_crop_max_width >= 15 else 15
+    assert shapes == [31, cropped_15, 6, 31, 15, 7]
     (loss, grads), (full_loss, full_grads) = results
     torch.testing.assert_close(loss, full_loss, rtol=1e-2, atol=0)
     for grad, full in zip(grads, full_grads, strict=True):
         torch.testing.assert_close(grad, full, rtol=2e-2, atol=2e-2 * full.abs().max().item())
 
 
-@pytest.mark.parametrize("width, matmul_path, pooled", [(7, True, False), (7, True, True), (16, False, False),
-                                                      (15, False, True)])
-def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path, pooled):
+@pytest.mark.parametrize("width", [3, 7, 15, 16])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_plan):
     torch.manual_seed(0)
     conv = layers.Conv3x3(16, 32, pooled=pooled)
-    # The matmul path computes only the rows and columns a following 2x2 max-pool reads; oneDNN's computes all.
-    kept = width - width % 2 if pooled and matmul_path else width
+    # The paths the plan names for this layer; a cropped one computes only the outputs a following 2x2 pool reads.
+    odd_pooled = pooled and width % 2 == 1
+    matmul_path = width <= (kernel_plan.cropped_matmul_max_width if odd_pooled else kernel_plan.matmul_max_width)
+    cropped = odd_pooled and (matmul_path or width <= kernel_plan.onednn_crop_max_width)
+    kept = width - 1 if cropped else width
     reference = torch.nn.Conv2d(16, 32, 3, padding=1, bias=False)
     reference.load_state_dict(conv.state_dict())
     x = torch.randn(8, 16, width, width).contiguous(memory_format=torch.channels_last)
@@ -134,6 +148,7 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path, pool
         results.append((out, inputs.grad, module.weight.grad))
     (out, input_grad, weight_grad), (ref_out, ref_input_grad, ref_weight_grad) = results
     assert ("Conv3x3MatmulWeightGrad" in type(out.grad_fn).__name__) == matmul_path
+    assert out.shape[-2:] == (kept, kept)
     assert out.dtype == ref_out.dtype == torch.bfloat16 and weight_grad.dtype == torch.float32
     torch.testing.assert_close(out, ref_out)
     torch.testing.assert_close(input_grad, ref_input_grad)
@@ -143,3 +158,12 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, matmul_path, pool
     assert type(conv(x.requires_grad_()).grad_fn).__name__ == "ConvolutionBackward0"
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert type(conv.eval()(x).grad_fn).__name__ == "ConvolutionBackward0"
+
+
+def test_each_cpu_gets_the_plan_measured_for_its_bf16_engine(monkeypatch):
+    for features, plan in ((["avx2", "avx512", "avx512_bf16", "amx"], "amx"),
+                           (["avx2", "avx512", "avx512_bf16"], "no_amx")):
+        monkeypatch.setattr(layers, "cpu_features", lambda: features)
+        layers.cpu_plan.cache_clear()
+        assert layers.cpu_plan() is layers.KERNEL_PLANS[plan]
+    layers.cpu_plan.cache_clear()
