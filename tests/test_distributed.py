@@ -31,9 +31,9 @@ def home(tmp_path_factory):
         yield
 
 
-def torchrun(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def torchrun(*args: str, cwd: Path | None = None, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          cwd=cwd, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
 
 
 def free_port() -> int:
@@ -121,6 +121,15 @@ def test_a_distributed_run_stopped_by_a_dead_rank_resumes_to_the_unbroken_result
     assert main(["train", "--nproc", "2", "--resume", str(run)]) == 0
     assert epochs(run) == [1, 2]
     assert same(weights(run), weights(two_ranks))
+
+
+def test_a_rank_killed_by_native_code_prints_its_python_stack(home, tmp_path):
+    """A rank that dies of SIGABRT (what a C++ std::terminate raises) names where its Python code was."""
+    failed = torchrun("--standalone", "--nproc-per-node", "2", str(FAULT_CHILD), *TRAIN, "--out",
+                      str(tmp_path / "run"), FAULT_SIGNAL="SIGABRT")
+    assert failed.returncode != 0
+    assert "Fatal Python error: Aborted" in failed.stderr, failed.stderr[-3000:]
+    assert "in train_one_epoch" in failed.stderr.split("Fatal Python error: Aborted")[1], failed.stderr[-3000:]
 
 
 def test_two_nodes_on_loopback_train_one_run(home, two_ranks, tmp_path):

@@ -8,6 +8,7 @@ nothing here changes it. What a distributed run means (batches, randomness, Batc
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import subprocess
@@ -68,6 +69,9 @@ def init(group: Group, device: torch.device, backend: str | None) -> torch.devic
     """Join the process group; returns the device of this rank (its own GPU on CUDA, from LOCAL_RANK)."""
     if not group.distributed:
         return device
+    # A rank that native code kills (an abort, a segfault) leaves in torchrun's summary only the signal's number, and
+    # its peers time out or abort in turn: each rank prints the Python stack of its threads first.
+    faulthandler.enable()
     if device.type == "cuda":
         device = torch.device("cuda", group.local_rank)
         torch.cuda.set_device(device)
