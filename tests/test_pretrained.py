@@ -1,5 +1,7 @@
 """Quality gate for the shipped releases: each must still score what its metrics.json records."""
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,19 @@ def test_shipped_release_is_small_and_complete(version):
                                           "MODEL_CARD.md")]
     assert all(path.is_file() for path in shipped)
     assert sum(path.stat().st_size for path in shipped) <= MAX_BYTES  # exports are rebuilt, not shipped
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_shipped_release_cites_the_speed_run_its_figures_come_from(version):
+    """metrics.json's speed-run figures are the committed report's: a later speed run of the same recipe writes a
+    file of its own name, and the release keeps citing the one its figures came from."""
+    metrics = json.loads((SHIPPED / f"version_{version}" / "metrics.json").read_text())
+    cited = metrics["speedrun"]
+    report = json.loads((Path(__file__).resolve().parents[1] / cited["file"]).read_text())
+    assert report["recipe"] == metrics["recipe"]
+    assert {k: cited[k] for k in ("n", "mean", "std", "ci95")} == {k: report["accuracy"][k]
+                                                                 for k in ("n", "mean", "std", "ci95")}
+    assert cited["wall_time_s_mean"] == report["wall_time_s"]["mean"]
 
 
 @pytest.fixture(scope="module")
