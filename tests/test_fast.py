@@ -4,11 +4,12 @@ import json
 import pytest
 import torch
 
-from cifarkit import data, models, train
+from cifarkit import data, models, profiling, train
 from cifarkit.cli import main
 from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig, load_recipe
 from cifarkit.device import PRECISIONS
 from cifarkit.engine import evaluate, tta_views
+from cifarkit.models.layers import Conv3x3
 from cifarkit.optim import Lookahead, build_optimizer, build_schedule, orthogonalized
 from cifarkit.speedrun import statistics_against
 from conftest import FLOORS
@@ -261,7 +262,25 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     assert sum(parts.values()) == pytest.approx(result["profiled_step_s"], rel=0.05)
     assert result["process_per_step"]["user_s"] > 0 and result["evaluation"]["test_pass_s"] > 0
     assert result["command"].startswith("cifarkit profile")
+    convolutions = parts["convolution"] + parts["convolution backward"]
+    assert result["convolutions_s_per_run"] == pytest.approx(
+        convolutions * result["steps_per_epoch"] * load_recipe("fast").train.epochs)
+    assert f"the convolutions alone, forward and backward: {result['convolutions_s_per_run']:.0f} s" in printed
     # The timed steps are the first epoch's, at its crop size when the recipe starts on low-resolution crops.
     augment = load_recipe("fast").data.augment
     side = augment.early_crop if augment.early_crop_epochs else 32
     assert result["image_size"] == [side, side] and f"of {side}x{side} images" in printed
+
+
+def test_profile_counts_conv3x3_s_matmul_weight_gradient_as_the_convolution_s():
+    """In bf16 on the CPU, Conv3x3's backward runs as pads, copies and matmuls, which aten names as such."""
+    conv = Conv3x3(16, 16).train()
+    x = torch.randn(8, 16, 3, 3).to(memory_format=torch.channels_last)
+    with torch.profiler.profile() as profiled:
+        with torch.profiler.record_function("forward"), torch.autocast("cpu", dtype=torch.bfloat16):
+            y = conv(x)
+        with torch.profiler.record_function("backward"):
+            y.float().sum().backward()
+    matmuls = [e for e in profiled.events() if e.name == "aten::mm"]
+    assert matmuls and {profiling._kind(e, profiling._enclosing_phase(e)) for e in matmuls} == {
+        "convolution backward"}

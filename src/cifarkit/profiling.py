@@ -6,6 +6,10 @@ under torch.profiler, whose operator times are sorted into the parts of a step. 
 record_function labels that the loader and the engine set ("augmentation", "forward", "backward", "optimizer",
 "weight averaging"); inside the forward and backward passes each operator is sorted by its kind. The final test
 evaluation, with the recipe's TTA, is timed on a slice of the test set and projected to all of it.
+
+The convolutions' time over the recipe's epochs is the run's floor on this machine: what training would take if
+everything else were free. Where it is most of a run's time, only fewer FLOPs (not faster other parts) make the run
+shorter.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from cifarkit import distributed, train
 from cifarkit.config import Recipe
 from cifarkit.device import describe, pick_device, report
 from cifarkit.engine import evaluate, train_one_epoch
+from cifarkit.models.layers import _Conv3x3MatmulWeightGrad
 
 PHASES = ("augmentation", "forward", "backward", "optimizer", "weight averaging")
 # Operator kinds inside the forward and backward passes, matched in order against aten's operator names.
@@ -36,6 +41,9 @@ KINDS = (
     ("dtype casts and copies", r"::to$|_to_copy|::copy_|contiguous|clone"),
     ("loss", r"cross_entropy|log_softmax|nll_loss|kl_div"),
 )
+# Conv3x3's own autograd function computes the weight gradient as matmuls over shifted copies of its padded input:
+# its operators (pad, cat, mm) are the convolution's, whatever aten calls them. Its backward node adds "Backward".
+CONVOLUTION_FUNCTION = _Conv3x3MatmulWeightGrad.__name__
 WARMUP_STEPS = 2  # the first steps choose oneDNN kernels and fill the allocator's caches
 
 
@@ -82,6 +90,7 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
         evaluate(state.model, test_x[:count], test_y[:count], **eval_args)
     _synchronize(device)
     eval_s_per_image = (time.perf_counter() - started) / count
+    convolutions_s = parts.get("convolution", 0.0) + parts.get("convolution backward", 0.0)
     return {
         "recipe": recipe.name, "model": recipe.model.name, "batch_size": cfg.batch_size, "steps": steps,
         "image_size": image_size,
@@ -95,6 +104,8 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
         },
         "profiled_step_s": profiled_step_s,
         "parts_s": parts,
+        "epochs": cfg.epochs,
+        "convolutions_s_per_run": convolutions_s * setup.loader.steps_per_epoch * cfg.epochs,
         "evaluation": {"tta": cfg.tta, "images": count, "s_per_image": eval_s_per_image,
                        "test_pass_s": eval_s_per_image * len(test_y), "test_images": len(test_y)},
         "environment": report(device),
@@ -134,10 +145,7 @@ def _step_parts(events, steps: int) -> tuple[dict, float]:
         phase = _enclosing_phase(event)
         if phase is None:
             continue
-        part = phase
-        if phase in ("forward", "backward"):
-            kind = next((name for name, pattern in KINDS if re.search(pattern, event.name)), None)
-            part = kind if kind is not None else f"other {phase}"
+        part = _kind(event, phase) if phase in ("forward", "backward") else phase
         parts[part] = parts.get(part, 0.0) + event.self_cpu_time_total
     total = max(e.time_range.end for e in events) - min(e.time_range.start for e in events)
     parts["other"] = max(total - labelled, 0.0)
@@ -145,13 +153,22 @@ def _step_parts(events, steps: int) -> tuple[dict, float]:
     return parts, total / 1e6 / steps
 
 
+def _kind(event, phase: str) -> str:
+    """The operator kind of a forward or backward operator, by its name or by the convolution function it runs in."""
+    if any(name.startswith(CONVOLUTION_FUNCTION) for name in _ancestors(event)):
+        return "convolution" if phase == "forward" else "convolution backward"
+    return next((name for name, pattern in KINDS if re.search(pattern, event.name)), f"other {phase}")
+
+
 def _enclosing_phase(event) -> str | None:
+    return next((name for name in _ancestors(event) if name in PHASES), None)
+
+
+def _ancestors(event):
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name in PHASES:
-            return parent.name
+        yield parent.name
         parent = parent.cpu_parent
-    return None
 
 
 def table(result: dict) -> str:
@@ -180,4 +197,7 @@ def table(result: dict) -> str:
     lines.append(f"final evaluation{' with TTA' if evaluation['tta'] else ''}: {evaluation['test_pass_s']:.1f} s per "
                  f"pass over {evaluation['test_images']:,} test images (timed on {evaluation['images']:,}), "
                  f"{100 * evaluation['test_pass_s'] / result['epoch_s']:.0f}% of an epoch")
+    lines.append(f"the convolutions alone, forward and backward: {result['convolutions_s_per_run']:.0f} s over the "
+                 f"recipe's {result['epochs']} epochs at this step's cost, the least a run takes here if everything "
+                 f"else took no time")
     return "\n".join(lines)
