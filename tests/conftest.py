@@ -18,10 +18,11 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
+ROOT = Path(__file__).resolve().parent.parent  # the project's checkout
 FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
 # Accuracy floors, each measured over five seeds by `python scripts/measure_test_floors.py`, with the settings the
 # tests must use to meet them.
-FLOORS = json.loads((Path(__file__).parent.parent / "results" / "test-floors.json").read_text())
+FLOORS = json.loads((ROOT / "results" / "test-floors.json").read_text())
 
 
 @contextmanager

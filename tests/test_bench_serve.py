@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 SCRIPT = ROOT / "scripts" / "bench_serve.py"
 REQUESTS = 200
 LEVELS = (1, 8)

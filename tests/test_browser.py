@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from servers import running_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-CAT = Path(__file__).resolve().parent.parent / "examples" / "images" / "cat.png"
+CAT = ROOT / "examples" / "images" / "cat.png"
 WAIT_S = 30
 
 _missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]

@@ -1,11 +1,11 @@
 """What is committed must stay portable: results and shipped releases hold no path of the machine that made them."""
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 COMMITTED = sorted([*ROOT.glob("results/**/*.json"), *ROOT.glob("results/**/*.yaml"),
                     *ROOT.glob("src/cifarkit/pretrained/*/*.json"), *ROOT.glob("src/cifarkit/pretrained/*/*.yaml")])
 

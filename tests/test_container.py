@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -17,8 +16,8 @@ from packaging.requirements import Requirement
 from servers import running_server
 
 from cifarkit.cli import build_parser
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = ["Dockerfile", "Dockerfile.cuda"]
 
 

@@ -3,7 +3,6 @@ import importlib.util
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,9 +11,8 @@ import yaml
 from cifarkit import Classifier, data, models
 from cifarkit.errors import CifarkitError
 from cifarkit.inference import SHIPPED
-from conftest import FIXTURE
+from conftest import FIXTURE, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def hub(entry: str, **kwargs):

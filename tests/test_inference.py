@@ -1,5 +1,4 @@
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ from PIL import Image
 from cifarkit import Classifier, checkpoint, data, preprocess
 from cifarkit.inference import release_dir
 from cifarkit.cli import main
+from conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_downscaling_is_antialiased():
 
 
 def test_the_filter_is_the_one_the_measurement_chose():
-    measured = json.loads((Path(__file__).parent.parent / "results" / "resize-filters.json").read_text())
+    measured = json.loads((ROOT / "results" / "resize-filters.json").read_text())
     assert preprocess.RESAMPLE == Image.Resampling[measured["choice"].upper()]
 
 

@@ -1,13 +1,13 @@
 """notebooks/quickstart.ipynb, executed top to bottom by a real Jupyter kernel (nbclient) on the fixture data."""
-from pathlib import Path
 
 import nbformat
 import yaml
 from nbclient import NotebookClient
 
 from cifarkit.inference import SHIPPED
+from conftest import ROOT
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 
 
 def test_the_committed_notebook_has_no_outputs():

@@ -1,13 +1,12 @@
 """Quality gate for the shipped releases: each must still score what its metrics.json records."""
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from cifarkit import Classifier, data
 from cifarkit.inference import SHIPPED
-from conftest import FIXTURE, FLOORS
+from conftest import FIXTURE, FLOORS, ROOT
 
 RELEASES = sorted(p.name.removeprefix("version_") for p in SHIPPED.glob("version_*"))
 MAX_BYTES = 10 * 10**6
@@ -34,10 +33,10 @@ def test_shipped_release_cites_the_speed_run_its_figures_come_from(version):
     file of its own name, and the release keeps citing the one its figures came from."""
     metrics = json.loads((SHIPPED / f"version_{version}" / "metrics.json").read_text())
     cited = metrics["speedrun"]
-    report = json.loads((Path(__file__).resolve().parents[1] / cited["file"]).read_text())
+    report = json.loads((ROOT / cited["file"]).read_text())
     assert report["recipe"] == metrics["recipe"]
-    assert {k: cited[k] for k in ("n", "mean", "std", "ci95")} == {k: report["accuracy"][k]
-                                                                 for k in ("n", "mean", "std", "ci95")}
+    statistics = ("n", "mean", "std", "ci95")
+    assert {k: cited[k] for k in statistics} == {k: report["accuracy"][k] for k in statistics}
     assert cited["wall_time_s_mean"] == report["wall_time_s"]["mean"]
 
 

@@ -15,7 +15,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import fields
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -27,8 +26,8 @@ from servers import running_server
 from cifarkit.cli import SERVE_SETTINGS, build_parser
 from cifarkit.inference import Classifier
 from cifarkit.serve import ServeSettings
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "examples" / "images"
 CAT = (IMAGES / "cat.png").read_bytes()
 SHIP = (IMAGES / "ship.png").read_bytes()
