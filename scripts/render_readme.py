@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cifarkit import models, release
+from cifarkit import backends, models, release
 from cifarkit.benchmark import device_table
 from cifarkit.files import write_text
 from cifarkit.inference import SHIPPED
@@ -104,17 +104,22 @@ def releases_block() -> str:
 
 
 def inference_block() -> str:
-    lines = ["| release | model | backend | img/s, batch 1 | ms, batch 1 | img/s, batch 256 | top-1 = fp32 on test set |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    """Each shipped release's speeds per CPU kind measured, and what `auto` picks on that kind (cifarkit.backends)."""
+    lines = ["| release | CPU kind | backend | img/s, batch 1 | ms, batch 1 | img/s, batch 256 | test acc | "
+             "top-1 = fp32 |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for path in sorted(SHIPPED.glob("version_*/metrics.json")):
         m = json.loads(path.read_text())
         inference = m["inference"]
-        speed = {(r["backend"], r["batch_size"]): r for r in inference["throughput"]}
-        for backend, agreement in inference["top1_agreement_with_fp32"].items():
-            one, many = speed[(backend, 1)], speed[(backend, 256)]
-            default = " (default)" if backend == inference["default_backend"] else ""
-            lines.append(f"| {m['release']} | `{m['model']}` | {backend}{default} | {one['images_per_s']:,.0f} | "
-                         f"{one['ms_per_batch']:.2f} | {many['images_per_s']:,.0f} | {100 * agreement:.2f}% |")
+        accuracy = inference.get("test_acc_by_backend", {})
+        for kind, table in sorted(backends.speed_tables(inference).items()):
+            picked = backends.choose(m, features=list(backends.CPU_KINDS[backends.CPU_KINDS.index(kind):])).backend
+            speed = {(r["backend"], r["batch_size"]): r for r in table}
+            for backend in backends.BACKENDS:
+                one, many = speed[(backend, 1)], speed[(backend, 256)]
+                acc = f"{100 * accuracy[backend]:.2f}%" if backend in accuracy else "-"
+                lines.append(f"| {m['release']} | {kind} | {backend}{' (auto)' if backend == picked else ''} | "
+                             f"{one['images_per_s']:,.0f} | {one['ms_per_batch']:.2f} | {many['images_per_s']:,.0f} | "
+                             f"{acc} | {100 * inference['top1_agreement_with_fp32'][backend]:.2f}% |")
     return "\n".join(lines)
 
 

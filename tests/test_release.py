@@ -13,7 +13,8 @@ import torch
 import yaml
 from PIL import Image
 
-from cifarkit import checkpoint, data, export, release
+from cifarkit import backends, checkpoint, data, export, release
+from cifarkit.backends import BACKENDS
 from cifarkit.cli import main
 from cifarkit.errors import CifarkitError
 from cifarkit.inference import Classifier
@@ -32,7 +33,13 @@ def test_release_folder_holds_what_a_user_needs(released):
     assert {(r["backend"], r["batch_size"]) for r in inference["throughput"]} == {
         (b, bs) for b in ("torch-fp32", "torch-bf16", "onnxruntime") for bs in (1, 256)}
     assert inference["top1_agreement_with_fp32"]["torch-fp32"] == 1.0
-    assert inference["top1_agreement_with_fp32"][inference["default_backend"]] >= 0.999
+    assert set(inference["test_acc_by_backend"]) == set(inference["top1_agreement_with_fp32"]) == set(BACKENDS)
+    assert inference["test_acc_by_backend"]["torch-fp32"] == pytest.approx(metrics["test_acc"],
+                                                                            abs=2 / metrics["test_images"])
+    # the default is what `auto` picks on the machine that made the release, and it says why
+    choice = backends.choose(metrics)
+    assert (inference["default_backend"], inference["default_backend_reason"]) == (choice.backend, choice.reason)
+    assert inference["cpu_kind"] == backends.cpu_kind()
     assert not (released / "model.onnx").exists()  # measured, then dropped: `cifarkit export` writes artifacts
     config = yaml.safe_load((released / "config.yaml").read_text())
     assert {"model", "training", "data"} <= set(config)
@@ -109,8 +116,8 @@ def test_force_replaces_a_release_atomically_saying_what_it_measures(released, t
     assert caplog.messages == [
         "measuring test accuracy (500 images, fp32, single view and with TTA)...",
         "exporting the ONNX model for the onnxruntime measurement...",
-        "measuring each backend's top-1 agreement with fp32 (500 images) and inference speed (3 backends x 2 batch "
-        "sizes; the median over rounds: 1, of 0.02 s each)..."]
+        "measuring each backend's test accuracy and top-1 agreement with fp32 (500 images) and inference speed "
+        "(3 backends x 2 batch sizes; the median over rounds: 1, of 0.02 s each)..."]
     metrics = json.loads((root / "version_T" / "metrics.json").read_text())
     assert metrics["weights_dtype"] == weights_dtype
     assert metrics["weights_bytes"] < json.loads((released / "metrics.json").read_text())["weights_bytes"] * size_ratio

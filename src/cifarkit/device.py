@@ -52,8 +52,12 @@ def cpu_has_bf16() -> bool:
     return False
 
 
+def machine_name() -> str:
+    return platform.machine().lower()
+
+
 def _is_x86() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+    return machine_name() in ("x86_64", "amd64", "i686", "i386")
 
 
 @dataclass(frozen=True)

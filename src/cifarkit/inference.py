@@ -5,10 +5,10 @@
     clf.predict("cat.jpg")                 # 3
     clf.predict_label("cat.jpg")           # 'cat'
 
-Three backends compute the logits: PyTorch eager in fp32, PyTorch with bf16 autocast (AMX/AVX512-BF16 CPUs; fp16
-on CUDA), and ONNX Runtime on the release's exported model.onnx (or one exported into the cache on first use).
-`backend="auto"` takes the one the release's metrics.json recommends: the fastest measured there whose top-1
-predictions agree with fp32's on >= 99.9% of the test images.
+Three backends compute the logits: PyTorch eager in fp32, PyTorch with bf16 autocast (AMX/AVX512-BF16 CPUs),
+and ONNX Runtime on the release's exported model.onnx (or one exported into the cache on first use).
+`backend="auto"` is decided on the machine that runs, from the release's recorded accuracies and speeds and this
+CPU's features (`cifarkit.backends.choose`); `Classifier.backend_choice` says which backend and why.
 
 A release is used only as it was written: its weights, and its model.onnx, must have the sha256s its metrics.json
 records, or loading stops with the file and both hashes named (verify=False, or `predict --no-verify`, skips that).
@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cifarkit import checkpoint, preprocess
+from cifarkit import backends, checkpoint, preprocess
+from cifarkit.backends import BACKENDS
 from cifarkit.device import PRECISIONS, autocast, pick_device
 from cifarkit.errors import CifarkitError, describe_os_error
 from cifarkit.files import file_digest, home, write_bytes
@@ -39,7 +40,6 @@ from cifarkit.models.registry import CLASSES
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("torch-fp32", "torch-bf16", "onnxruntime")
 SHIPPED = Path(__file__).resolve().parent / "pretrained"  # the releases that ship with the package
 MODELS = Path("cifar10_models")  # where `cifarkit release` writes them, relative to the working folder
 DEFAULT_VERSION = "A"
@@ -136,6 +136,7 @@ class Classifier:
         self.model = model.eval().to(self.device).to(memory_format=torch.channels_last)
         self.mean, self.std, self.backend, self.info = tuple(mean), tuple(std), backend, info or {}
         self.weights_sha256 = self.info.get("weights_sha256")  # `load` sets it for weights without a metrics.json
+        self.backend_choice = backends.Choice(backend, "asked for", backends.cpu_kind())  # `load` sets auto's
         self.classes = CLASSES
         self._run_onnx = None
         if backend == "onnxruntime":
@@ -167,7 +168,8 @@ class Classifier:
 
         A release's weights, and the model.onnx it may hold, are used only if their sha256s are the ones its
         metrics.json records (checked before anything is loaded); verify=False skips that check. Weights without a
-        metrics.json load unverified, with a warning, and `auto` means torch-fp32 for them.
+        metrics.json load unverified, with a warning, and `auto` means torch-fp32 for them. `auto` is decided for
+        this machine (see `cifarkit.backends`), and logged with its reason.
         """
         path = release_dir(path)
         folder, weights = (path, path / WEIGHTS_NAME) if path.is_dir() else (path.parent, path)
@@ -179,14 +181,18 @@ class Classifier:
         sha = weights_sha256(weights, info, verify)
         model, meta = checkpoint.load_weights(weights)
         info = info or {}
+        choice = None
         if backend == "auto":
-            backend = info.get("inference", {}).get("default_backend", "torch-fp32")
+            choice = backends.choose(info, pick_device(device).type)
+            backend = choice.backend
+            log.info("backend auto: %s for %s (%s)", backend, folder.name, choice.reason)
         onnx = None
         if backend == "onnxruntime":
             onnx = _release_onnx(folder, info, sha, verify) or _cached_onnx(model, sha)
         classifier = cls(model, meta["mean"], meta["std"], backend=backend, device=device, onnx=onnx, info=info,
                          traced=traced)
         classifier.weights_sha256 = sha
+        classifier.backend_choice = choice or classifier.backend_choice
         return classifier
 
     @classmethod

@@ -41,7 +41,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 
-from cifarkit import __version__, preprocess
+from cifarkit import __version__, backends, preprocess
 from cifarkit.errors import CifarkitError
 from cifarkit.inference import Classifier, release_dir
 
@@ -112,11 +112,15 @@ class Served:
         info = self.classifier.info
         speedrun = info.get("speedrun") or {}
         inference = info.get("inference") or {}
+        choice = self.classifier.backend_choice
+        # Only speeds measured on a CPU of this machine's kind: another kind's img/s would mislead.
+        table = backends.speed_tables(inference).get(choice.cpu_kind, [])
         throughput = {f"batch_{row['batch_size']}": round(row["images_per_s"], 1)
-                      for row in inference.get("throughput", []) if row["backend"] == self.classifier.backend}
+                      for row in table if row["backend"] == self.classifier.backend}
         return {
             "name": self.name, "source": self.source, "model": info.get("model"), "recipe": info.get("recipe"),
-            "backend": self.classifier.backend, "weights_sha256": self.classifier.weights_sha256,
+            "backend": self.classifier.backend, "backend_reason": choice.reason, "cpu_kind": choice.cpu_kind,
+            "weights_sha256": self.classifier.weights_sha256,
             "params": info.get("params"), "macs": info.get("macs"),
             "test_accuracy": info.get("test_acc"), "test_images": info.get("test_images"),
             "test_accuracy_evaluation": info.get("test_acc_evaluation"),

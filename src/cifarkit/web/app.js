@@ -84,9 +84,10 @@ function showCard() {
       ? `${percent(m.runs.mean, 2)} ± ${percent(m.runs.std, 2)} (n = ${m.runs.n}`
         + `${m.runs.evaluation ? `, ${m.runs.evaluation}` : ""})` : null],
     ["Backend", m.backend],
+    // Speeds measured on a CPU of this server's kind only: another machine's img/s is not this one's.
     ["Images/s", m.images_per_s
       ? Object.entries(m.images_per_s).map(([k, v]) => `${Math.round(v).toLocaleString("en")} at ${k.replace("_", " ")}`)
-          .join(", ") : null],
+          .join(", ") + ` (measured on a ${m.cpu_kind} CPU)` : `not measured on a ${m.cpu_kind} CPU`],
     ["Weights sha256", m.weights_sha256 ? `${m.weights_sha256.slice(0, 12)}…` : null],
     ["Created", m.created ? m.created.slice(0, 10) : null],
   ];
@@ -96,6 +97,7 @@ function showCard() {
     dt.textContent = k;
     dd.textContent = v;
     if (k === "Weights sha256") dd.title = m.weights_sha256;
+    if (k === "Backend" && m.backend_reason) dd.title = m.backend_reason;
     if (k === "Test accuracy" && m.test_accuracy_evaluation) dd.title = m.test_accuracy_evaluation;
     return [dt, dd];
   }));

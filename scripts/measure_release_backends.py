@@ -1,0 +1,79 @@
+"""Measure each backend of the shipped releases on this machine, and record it in their metrics.json.
+
+    python scripts/measure_release_backends.py --real-data PATH_TO/cifar-10-python.tar.gz
+    python scripts/measure_release_backends.py --real-data PATH --releases B --no-accuracy   # speeds only
+
+`auto` (cifarkit.backends) needs two things from a release: each backend's test accuracy and top-1 agreement with
+fp32 on the 10,000 test images (the accuracy rule), and each backend's speed on a CPU of the kind that runs it.
+This writes both for the CPU kind of this machine: `inference.test_acc_by_backend` (with where it was measured) and
+`inference.speed_by_cpu_kind[KIND]`. The weights, config, preprocess and model card are not touched, so the
+release's recorded sha256s still hold.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime, timezone
+
+import numpy as np
+import torch
+
+from cifarkit import backends, benchmark, data, device
+from cifarkit.files import write_json
+from cifarkit.inference import SHIPPED, Classifier, read_metrics
+
+ROUNDS = 5  # as `cifarkit release` measures: the median of interleaved rounds
+SECONDS_PER_SAMPLE = 0.5
+
+
+def measure(version: str, accuracy: bool) -> dict:
+    folder = SHIPPED / f"version_{version}"
+    metrics = read_metrics(folder)
+    inference = metrics["inference"]
+    classifiers = {backend: Classifier.load(folder, backend=backend) for backend in backends.BACKENDS}
+    dataset = data.load()
+    pixels, labels = dataset.test_x.permute(0, 2, 3, 1).numpy(), dataset.test_y.numpy()
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    kind = backends.cpu_kind()
+    if accuracy:
+        predictions = {}
+        for backend, classifier in classifiers.items():
+            predictions[backend] = np.concatenate([classifier.logits(pixels[i:i + 1000]).argmax(1).numpy()
+                                                   for i in range(0, len(pixels), 1000)])
+            print(f"{version} {backend}: {100 * (predictions[backend] == labels).mean():.2f}%", flush=True)
+        reference = predictions[backends.REFERENCE]
+        inference["test_acc_by_backend"] = {b: float((p == labels).mean()) for b, p in predictions.items()}
+        inference["top1_agreement_with_fp32"] = {b: float((p == reference).mean()) for b, p in predictions.items()}
+        inference["test_acc_by_backend_measured"] = {"cpu_kind": kind, "measured": now,
+                                                     "command": "python scripts/measure_release_backends.py"}
+        inference["accuracy_rule"] = backends.ACCURACY_RULE
+    rows = benchmark.inference_throughput(classifiers, pixels[:256], rounds=ROUNDS,
+                                          seconds_per_sample=SECONDS_PER_SAMPLE)
+    inference.setdefault("speed_by_cpu_kind", {})[kind] = {
+        "measured_on": device.report(torch.device("cpu")), "measured": now,
+        "command": "python scripts/measure_release_backends.py",
+        "what": inference["what"],
+        "throughput": [{k: v for k, v in r.items() if k != "samples"} for r in rows],
+    }
+    for r in rows:
+        print(f"{version} {kind} {r['backend']} batch {r['batch_size']}: {r['images_per_s']:,.0f} img/s", flush=True)
+    choice = backends.choose(metrics)
+    print(f"{version}: auto on this {kind} CPU is {choice.backend} ({choice.reason})")
+    write_json(folder / "metrics.json", metrics)
+    return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real-data", required=True, help="the real cifar-10-python.tar.gz")
+    parser.add_argument("--releases", nargs="+", default=["A", "B"])
+    parser.add_argument("--no-accuracy", action="store_true", help="keep the recorded accuracies; measure speeds")
+    args = parser.parse_args()
+    os.environ["CIFARKIT_DATA"] = args.real_data
+    for version in args.releases:
+        measure(version, accuracy=not args.no_accuracy)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""What `backend="auto"` means on the machine that runs the model, not on the one that made the release.
+
+Two questions, answered apart:
+1. Which backends give the release's answers? A release records, per backend, its test accuracy and its top-1
+   agreement with fp32 (`cifarkit release` measures both on the 10,000 test images); `ACCURACY_RULE` admits a
+   backend whose accuracy is within 0.1 points of fp32's and whose predictions agree with fp32's on 99.5% of them.
+2. Which admitted backend is fastest here? bf16 only where this CPU computes it natively (AVX512-BF16 or AMX, the
+   BF16 extension on Arm): elsewhere it is emulated, many times slower than fp32. Then the release's own speed
+   table for this CPU kind (`speed_by_cpu_kind`), when one was measured on such a CPU; else the capability order
+   `FALLBACK_ORDER`.
+Each choice carries its reason, which `Classifier` logs and the server shows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from cifarkit import device
+
+BACKENDS = ("torch-fp32", "torch-bf16", "onnxruntime")
+REFERENCE = "torch-fp32"  # the model as trained: every other backend is judged against its predictions
+ACCURACY_RULE = {"max_accuracy_gap": 0.001, "min_top1_agreement": 0.995}
+# A release made before accuracies were recorded per backend: 99.9% agreement bounds the accuracy gap by 0.1 points
+# on its own, so such a backend meets the rule without a recorded accuracy.
+AGREEMENT_ALONE = 0.999
+# Where no speed was measured on this CPU kind: native bf16 first, then ONNX Runtime, which was at least as fast as
+# torch-fp32 on every CPU kind measured (each release's speed_by_cpu_kind).
+FALLBACK_ORDER = ("torch-bf16", "onnxruntime", "torch-fp32")
+# Backends are ranked by the geometric mean of their img/s over the batch sizes measured (1 and 256): a server
+# answers lone requests and full batches, and a backend fast at one and slow at the other serves neither well.
+# Most capable first: the first feature a CPU has names its kind (speed figures are comparable within a kind).
+CPU_KINDS = ("amx", "avx512_bf16", "avx512", "avx2")
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    reason: str
+    cpu_kind: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_kind(features: list[str] | None = None) -> str:
+    """The CPU's kind for speed tables: its most capable x86 feature of CPU_KINDS; else the machine's name."""
+    features = device.cpu_features() if features is None else features
+    return next((kind for kind in CPU_KINDS if kind in features), device.machine_name())
+
+
+def refusals(inference: dict) -> dict[str, str]:
+    """backend -> why ACCURACY_RULE refuses it, for each backend of the release that fails the rule."""
+    agreement = inference.get("top1_agreement_with_fp32", {})
+    accuracy = inference.get("test_acc_by_backend", {})
+    refused = {}
+    for backend in BACKENDS:
+        if backend == REFERENCE:
+            continue
+        if backend not in agreement:
+            refused[backend] = "its agreement with fp32 is not recorded"
+            continue
+        if agreement[backend] < ACCURACY_RULE["min_top1_agreement"]:
+            refused[backend] = (f"it agrees with fp32 on {100 * agreement[backend]:.2f}% of the test images "
+                                f"(rule: {100 * ACCURACY_RULE['min_top1_agreement']:g}%)")
+        elif backend in accuracy and REFERENCE in accuracy:
+            gap = abs(accuracy[backend] - accuracy[REFERENCE])
+            if gap > ACCURACY_RULE["max_accuracy_gap"] + 1e-9:
+                refused[backend] = (f"its test accuracy is {100 * gap:.2f} points from fp32's "
+                                    f"(rule: {100 * ACCURACY_RULE['max_accuracy_gap']:g})")
+        elif agreement[backend] < AGREEMENT_ALONE:
+            refused[backend] = "its test accuracy is not recorded, and its agreement alone does not bound the gap"
+    return refused
+
+
+def speed_tables(inference: dict) -> dict[str, list[dict]]:
+    """cpu kind -> the throughput rows measured on a CPU of that kind, from every speed table the release holds."""
+    tables = {kind: table["throughput"] for kind, table in inference.get("speed_by_cpu_kind", {}).items()}
+    if "throughput" in inference and inference.get("cpu_kind"):
+        tables.setdefault(inference["cpu_kind"], inference["throughput"])
+    return tables
+
+
+def measured_speeds(inference: dict) -> dict[str, dict[str, float]]:
+    """cpu kind -> backend -> the geometric mean of its img/s over the batch sizes measured."""
+    speeds = {}
+    for kind, table in speed_tables(inference).items():
+        by_backend: dict[str, list[float]] = {}
+        for row in table:
+            by_backend.setdefault(row["backend"], []).append(row["images_per_s"])
+        speeds[kind] = {backend: math.prod(values) ** (1 / len(values)) for backend, values in by_backend.items()}
+    return speeds
+
+
+def choose(info: dict | None, device_type: str = "cpu", features: list[str] | None = None,
+           native_bf16: bool | None = None) -> Choice:
+    """The backend `auto` means for the release described by `info` (its metrics.json; None for bare weights) on
+    this machine. `features` and `native_bf16` default to this CPU's (tests give others')."""
+    kind = cpu_kind(features) if device_type == "cpu" else device_type
+    inference = (info or {}).get("inference")
+    if not inference:
+        return Choice(REFERENCE, "no metrics.json records how other backends compare with fp32", kind)
+    refused = refusals(inference)
+    if device_type != "cpu":
+        backend = "torch-bf16" if "torch-bf16" not in refused else REFERENCE
+        return Choice(backend, f"the torch backend of lowest admitted precision on {device_type}", kind)
+    if native_bf16 is None:
+        native_bf16 = device.cpu_has_bf16() if features is None else bool({"avx512_bf16", "amx"} & set(features))
+    if not native_bf16:
+        refused.setdefault("torch-bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 is emulated")
+    admitted = [b for b in BACKENDS if b not in refused]
+    speeds = measured_speeds(inference).get(kind, {})
+    ranked = [b for b in admitted if b in speeds]
+    if ranked:
+        best = max(ranked, key=speeds.get)
+        reason = (f"fastest on a CPU of this kind ({kind}): {speeds[best]:,.0f} img/s, the geometric mean over the "
+                  f"batch sizes measured")
+    else:
+        best = next(b for b in FALLBACK_ORDER if b in admitted)
+        reason = f"no speed measured on a {kind} CPU; first of {', '.join(FALLBACK_ORDER)} that is admitted"
+    if refused:
+        reason += "; not " + "; not ".join(f"{b}: {why}" for b, why in refused.items())
+    return Choice(best, reason, kind)

@@ -1,0 +1,99 @@
+"""`auto` is decided on the machine that runs, from the release's recorded figures and the CPU's features, faked
+here as each CPU kind's; and a shipped release loads through the choice for this machine."""
+import json
+
+import pytest
+
+from cifarkit import Classifier, backends, device
+from cifarkit.inference import SHIPPED
+
+AMX = ["avx2", "avx512", "avx512_bf16", "amx"]
+ZEN5 = ["avx2", "avx512", "avx512_bf16"]
+ICE_LAKE = ["avx2", "avx512"]  # AVX-512 without BF16: oneDNN emulates bf16 there
+ZEN3 = ["avx2"]
+
+
+def rows(kind_speeds: dict[str, float | tuple[float, float]]) -> list[dict]:
+    """Throughput rows at batch 1 and 256: one img/s for both, or (batch 1's, batch 256's)."""
+    pairs = {b: v if isinstance(v, tuple) else (v, v) for b, v in kind_speeds.items()}
+    return [{"backend": b, "batch_size": bs, "images_per_s": v, "ms_per_batch": 1000 * bs / v}
+            for b, pair in pairs.items() for bs, v in zip((1, 256), pair)]
+
+
+def release(agreement=None, accuracy=None, speeds=None) -> dict:
+    """metrics.json of a release whose bf16 meets the accuracy rule unless told otherwise."""
+    inference = {
+        "top1_agreement_with_fp32": agreement or {"torch-fp32": 1.0, "torch-bf16": 0.998, "onnxruntime": 1.0},
+        "test_acc_by_backend": accuracy or {"torch-fp32": 0.94, "torch-bf16": 0.9395, "onnxruntime": 0.94},
+    }
+    if speeds:
+        inference["speed_by_cpu_kind"] = {kind: {"throughput": rows(s)} for kind, s in speeds.items()}
+    return {"inference": inference}
+
+
+@pytest.mark.parametrize("features, kind", [(AMX, "amx"), (ZEN5, "avx512_bf16"), (ICE_LAKE, "avx512"),
+                                            (ZEN3, "avx2")])
+def test_a_cpu_s_kind_is_its_most_capable_feature(features, kind):
+    assert backends.cpu_kind(features) == kind
+
+
+@pytest.mark.parametrize("features", [AMX, ZEN5])
+def test_native_bf16_without_a_speed_table_takes_bf16(features):
+    choice = backends.choose(release(), features=features)
+    assert choice.backend == "torch-bf16"
+    assert "no speed measured" in choice.reason
+
+
+@pytest.mark.parametrize("features", [ICE_LAKE, ZEN3])
+def test_emulated_bf16_is_never_chosen_even_where_it_was_fastest_elsewhere(features):
+    measured = release(speeds={"amx": {"torch-fp32": 1000, "torch-bf16": 4500, "onnxruntime": 1040}})
+    choice = backends.choose(measured, features=features)
+    assert choice.backend == "onnxruntime"
+    assert "no native bf16" in choice.reason
+
+
+def test_the_speed_table_of_this_cpu_kind_decides():
+    measured = release(speeds={"avx2": {"torch-fp32": 300, "torch-bf16": 20, "onnxruntime": 280},
+                               "amx": {"torch-fp32": 1000, "torch-bf16": 4500, "onnxruntime": 1040}})
+    zen3 = backends.choose(measured, features=ZEN3)
+    assert (zen3.backend, zen3.cpu_kind) == ("torch-fp32", "avx2")
+    assert "300 img/s" in zen3.reason
+    assert backends.choose(measured, features=AMX).backend == "torch-bf16"
+
+
+def test_a_backend_must_be_fast_at_both_batch_sizes():
+    """fp32 a little faster at batch 256, ONNX Runtime twice as fast at batch 1: a server sees both."""
+    measured = release(speeds={"avx2": {"torch-fp32": (280, 708), "onnxruntime": (541, 660)}})
+    assert backends.choose(measured, features=ZEN3).backend == "onnxruntime"
+
+
+@pytest.mark.parametrize("accuracy, agreement, refused_because", [
+    ({"torch-fp32": 0.94, "torch-bf16": 0.938, "onnxruntime": 0.94}, None, "points from fp32's"),
+    (None, {"torch-fp32": 1.0, "torch-bf16": 0.99, "onnxruntime": 1.0}, "agrees with fp32 on 99.00%"),
+])
+def test_bf16_outside_the_accuracy_rule_is_refused_on_every_cpu(accuracy, agreement, refused_because):
+    choice = backends.choose(release(agreement, accuracy), features=AMX)
+    assert choice.backend == "onnxruntime"
+    assert refused_because in choice.reason
+
+
+def test_a_release_without_recorded_accuracies_needs_the_agreement_that_bounds_the_gap():
+    strict = {"top1_agreement_with_fp32": {"torch-fp32": 1.0, "torch-bf16": 0.9995, "onnxruntime": 1.0}}
+    loose = {"top1_agreement_with_fp32": {"torch-fp32": 1.0, "torch-bf16": 0.997, "onnxruntime": 1.0}}
+    assert backends.choose({"inference": strict}, features=AMX).backend == "torch-bf16"
+    assert backends.choose({"inference": loose}, features=AMX).backend == "onnxruntime"
+
+
+def test_weights_without_metrics_run_in_fp32():
+    assert backends.choose(None, features=AMX).backend == "torch-fp32"
+
+
+@pytest.mark.parametrize("version", ["A", "B"])
+def test_a_shipped_release_loads_through_this_machine_s_choice(version):
+    metrics = json.loads((SHIPPED / f"version_{version}" / "metrics.json").read_text())
+    classifier = Classifier.pretrained(version)
+    expected = backends.choose(metrics)
+    assert classifier.backend == expected.backend
+    assert classifier.backend_choice == expected
+    if not device.cpu_has_bf16():
+        assert classifier.backend != "torch-bf16"
