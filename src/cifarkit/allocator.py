@@ -1,24 +1,30 @@
-"""The memory allocator training runs on: tcmalloc when it is installed, preloaded the way PyTorch's own CPU launcher
+"""The memory allocator training runs on: tcmalloc when the system has it, else mimalloc from its PyPI wheel (a
+dependency on Linux, so a pip-only install has it), preloaded the way PyTorch's own CPU launcher
 (`torch.backends.xeon.run_cpu`) does it, by running the command again with LD_PRELOAD.
 
 A training step allocates and frees large tensors all the time. glibc hands the big ones back to the system and
-takes them again through page faults; tcmalloc keeps them. `cifarkit bench --models fastnet --modes bf16+cl
---batch-size 512 --steps 30 --rounds 1`, each allocator twice, alternately, on this project's 2 cores: 790 and 519
-img/s on glibc, 912 and 654 on tcmalloc (+15%, +26%), with 1.3-1.4 million minor page faults and 3.1 s of system
-time on glibc against 0.27 million and 0.6 s (results/bench-allocator-*.json hold the second pair).
-`CIFARKIT_ALLOCATOR=system` keeps the system's allocator.
+takes them again through page faults: a quarter of a CPU's time can go to the kernel. Its tunables do not fix it
+for PyTorch: with mmap off, the heap grows at every step instead, because torch's aligned allocations do not fit
+in the blocks it freed. tcmalloc and mimalloc keep freed blocks and hand them out again. The allocator that ran is
+recorded (config.yaml's run.allocator, `cifarkit env`); scripts/measure_allocators.py compares them
+(results/allocators-*.json). `CIFARKIT_ALLOCATOR=system` keeps the system's allocator; `=mimalloc` takes the
+wheel's even where tcmalloc is installed.
 """
 from __future__ import annotations
 
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 
-ENV = "CIFARKIT_ALLOCATOR"  # "system": no preload
+ENV = "CIFARKIT_ALLOCATOR"  # "system": no preload; "mimalloc": the wheel's, even where tcmalloc is installed
 TRIED = "CIFARKIT_ALLOCATOR_TRIED"  # set before the second start, so a preload that fails cannot loop
 LIBRARIES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")  # Debian's libtcmalloc-minimal4, then gperftools'
 FOLDERS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
            f"{sys.prefix}/lib")
+MIMALLOC_WHEEL = "cmeel-mimalloc"
+MIMALLOC_SETTINGS = {"MIMALLOC_PURGE_DELAY": "-1"}
+NAMES = {"libtcmalloc": "tcmalloc", "libmimalloc": "mimalloc"}  # a mapped library's name -> the allocator's
 
 
 def find() -> Path | None:
@@ -30,25 +36,40 @@ def find() -> Path | None:
     return None
 
 
+def find_mimalloc() -> Path | None:
+    """libmimalloc.so from the cmeel-mimalloc wheel, or None where it is not installed."""
+    try:
+        files = metadata.files(MIMALLOC_WHEEL) or []
+    except metadata.PackageNotFoundError:
+        return None
+    found = [Path(f.locate()) for f in files if f.name.startswith("libmimalloc.so.")]
+    return min(found, key=lambda p: len(p.name)) if found else None  # libmimalloc.so.3 before libmimalloc.so.3.4
+
+
 def in_use() -> str:
-    """"tcmalloc" when it is loaded into this process, else the system's ("glibc" on Linux)."""
+    """"tcmalloc" or "mimalloc" when it is loaded into this process, else the system's ("glibc" on Linux)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return "system"
-    return "tcmalloc" if "libtcmalloc" in maps else "glibc"
+    return next((name for library, name in NAMES.items() if library in maps), "glibc")
 
 
 def restart_on_tcmalloc(argv: list[str]) -> None:
-    """Run `cifarkit ARGV` again in this process with tcmalloc preloaded, if it is installed and not loaded yet and
-    CIFARKIT_ALLOCATOR is not "system"; otherwise return, and the command goes on as it is."""
-    if os.environ.get(ENV, "").lower() == "system" or os.environ.get(TRIED) or not sys.platform.startswith("linux"):
+    """Run `cifarkit ARGV` again in this process with tcmalloc preloaded if it is installed, else mimalloc from its
+    wheel, unless CIFARKIT_ALLOCATOR is "system" or one of them is loaded already; otherwise return, and the
+    command goes on as it is."""
+    setting = os.environ.get(ENV, "").lower()
+    if setting == "system" or os.environ.get(TRIED) or not sys.platform.startswith("linux"):
         return
-    library = find()
-    if library is None or in_use() == "tcmalloc":
+    library = (None if setting == "mimalloc" else find()) or find_mimalloc()
+    if library is None or in_use() != "glibc":
         return
     preload = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD")]))
+    # mimalloc hands memory that stays free for 10 ms back to the system (its purge), and a step's activations are
+    # free for longer than that between two uses: never purging keeps them, as tcmalloc does. A user's value stays.
+    settings = {**MIMALLOC_SETTINGS, **os.environ} if "mimalloc" in library.name else dict(os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "cifarkit", *argv],
-              {**os.environ, "LD_PRELOAD": preload, TRIED: "1"})
+              {**settings, "LD_PRELOAD": preload, TRIED: "1"})
