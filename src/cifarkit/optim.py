@@ -12,6 +12,7 @@ from torch.optim import lr_scheduler
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from cifarkit.config import OptimConfig, ScheduleConfig
+from cifarkit.device import cpu_has_bf16
 
 
 def _param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
@@ -52,11 +53,19 @@ NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)
 NEWTON_SCHULZ_STEPS = 3
 
 
-def orthogonalized(update: torch.Tensor) -> torch.Tensor:
-    """The update (rows: output channels) with its singular values pushed to about 1, in bf16 like the original:
-    the iteration tolerates its rounding, and bf16 matmuls are the fast ones on GPUs and on CPUs with AMX."""
+def newton_schulz_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where the device computes it natively, like the original: the iteration tolerates its rounding, and bf16
+    matmuls are the fast ones there. fp32 elsewhere: a CPU without AVX512-BF16 or AMX emulates bf16 matmuls at a
+    small fraction of its fp32 speed."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else torch.float32
+
+
+def orthogonalized(update: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The update (rows: output channels) with its singular values pushed to about 1, computed in `dtype`."""
     a, b, c = NEWTON_SCHULZ
-    x = update.bfloat16()
+    x = update.to(dtype)
     x = x / (x.norm() + 1e-7)  # the largest singular value at most 1, where the iteration converges
     wide = x.size(0) <= x.size(1)
     x = x if wide else x.T  # iterate on the smaller Gram matrix
@@ -79,6 +88,8 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, groups: list[dict], lr: float, momentum: float, nesterov: bool = True):
         super().__init__(groups, {"lr": lr, "momentum": momentum, "nesterov": nesterov, "weight_decay": 0.0,
                                   "orthogonalize": False})
+        first = next(p for group in self.param_groups for p in group["params"])
+        self.orthogonalize_dtype = newton_schulz_dtype(first.device)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -97,7 +108,7 @@ class Muon(torch.optim.Optimizer):
                 update = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
                 if group["orthogonalize"]:
                     p.mul_(len(p) ** 0.5 / p.norm())
-                    update = orthogonalized(update.reshape(len(update), -1)).view_as(p)
+                    update = orthogonalized(update.reshape(len(update), -1), self.orthogonalize_dtype).view_as(p)
                 p.add_(update, alpha=-group["lr"])
 
 
