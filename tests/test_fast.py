@@ -266,10 +266,22 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     assert result["convolutions_s_per_run"] == pytest.approx(
         convolutions * result["steps_per_epoch"] * load_recipe("fast").train.epochs)
     assert f"the convolutions alone, forward and backward: {result['convolutions_s_per_run']:.0f} s" in printed
+    # Their FLOP rate (forward, input and weight gradients: 3 x 2 FLOPs per multiply-add) beside a matmul's peak
+    macs = profiling.convolution_macs(models.create("fastnet"), result["image_size"])
+    assert result["convolution_flop_per_s"] == pytest.approx(6 * macs * 100 / convolutions)
+    peak = result["matmul_peak"]
+    assert peak["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[result["precision"]] and peak["flop_per_s"] > 0
+    assert f"of a 2048^3 {peak['dtype']} matmul's" in printed
     # The timed steps are the first epoch's, at its crop size when the recipe starts on low-resolution crops.
     augment = load_recipe("fast").data.augment
     side = augment.early_crop if augment.early_crop_epochs else 32
     assert result["image_size"] == [side, side] and f"of {side}x{side} images" in printed
+
+
+def test_convolution_macs_are_counted_per_image():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.MaxPool2d(2),
+                              torch.nn.Conv2d(8, 4, 1, groups=2))
+    assert profiling.convolution_macs(net, [32, 32]) == 32 * 32 * 8 * 3 * 9 + 16 * 16 * 4 * 4
 
 
 def test_profile_counts_conv3x3_s_matmul_weight_gradient_as_the_convolution_s():

@@ -91,6 +91,9 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     _synchronize(device)
     eval_s_per_image = (time.perf_counter() - started) / count
     convolutions_s = parts.get("convolution", 0.0) + parts.get("convolution backward", 0.0)
+    # forward, input gradient and weight gradient: three times the forward's multiply-adds, two FLOPs each
+    convolution_flop = 3 * 2 * convolution_macs(state.model, image_size) * cfg.batch_size
+    peak = matmul_peak(setup.precision.autocast_dtype or torch.float32, device)
     return {
         "recipe": recipe.name, "model": recipe.model.name, "batch_size": cfg.batch_size, "steps": steps,
         "image_size": image_size,
@@ -106,10 +109,50 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
         "parts_s": parts,
         "epochs": cfg.epochs,
         "convolutions_s_per_run": convolutions_s * setup.loader.steps_per_epoch * cfg.epochs,
+        "convolution_flop_per_s": convolution_flop / convolutions_s if convolutions_s else None,
+        "matmul_peak": peak,
         "evaluation": {"tta": cfg.tta, "images": count, "s_per_image": eval_s_per_image,
                        "test_pass_s": eval_s_per_image * len(test_y), "test_images": len(test_y)},
         "environment": report(device),
     }
+
+
+def convolution_macs(model: torch.nn.Module, image_size: list[int]) -> int:
+    """Multiply-adds of the model's convolutions for one image of `image_size`, counted by hooks on a forward pass."""
+    total = 0
+
+    def count(module, inputs, output):
+        nonlocal total
+        total += output.numel() * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+
+    convolutions = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    hooks = [m.register_forward_hook(count) for m in convolutions]
+    parameter = next(model.parameters())
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, 3, *image_size, device=parameter.device))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device, size: int = 2048, repeats: int = 5) -> dict:
+    """FLOP/s of a size^3 matmul in the training precision, the best of `repeats`: what this CPU's cores reach on
+    the most regular work there is, with the threads training has, so the convolutions' rate has a yardstick."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        _synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return {"dtype": str(dtype).removeprefix("torch."), "size": size, "flop_per_s": 2 * size**3 / best}
 
 
 @contextlib.contextmanager
@@ -197,6 +240,11 @@ def table(result: dict) -> str:
     lines.append(f"final evaluation{' with TTA' if evaluation['tta'] else ''}: {evaluation['test_pass_s']:.1f} s per "
                  f"pass over {evaluation['test_images']:,} test images (timed on {evaluation['images']:,}), "
                  f"{100 * evaluation['test_pass_s'] / result['epoch_s']:.0f}% of an epoch")
+    peak = result["matmul_peak"]
+    if result["convolution_flop_per_s"]:
+        lines.append(f"the convolutions ran at {result['convolution_flop_per_s'] / 1e12:.3f} TFLOP/s, "
+                     f"{100 * result['convolution_flop_per_s'] / peak['flop_per_s']:.0f}% of a {peak['size']}^3 "
+                     f"{peak['dtype']} matmul's {peak['flop_per_s'] / 1e12:.3f} TFLOP/s measured in the same run")
     lines.append(f"the convolutions alone, forward and backward: {result['convolutions_s_per_run']:.0f} s over the "
                  f"recipe's {result['epochs']} epochs at this step's cost, the least a run takes here if everything "
                  f"else took no time")
