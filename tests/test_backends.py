@@ -3,6 +3,7 @@ here as each CPU kind's; and a shipped release loads through the choice for this
 import json
 
 import pytest
+import torch
 
 from cifarkit import Classifier, backends, device
 from cifarkit.inference import SHIPPED
@@ -97,3 +98,26 @@ def test_a_shipped_release_loads_through_this_machine_s_choice(version):
     assert classifier.backend_choice == expected
     if not device.cpu_has_bf16():
         assert classifier.backend != "torch-bf16"
+
+
+@pytest.mark.parametrize("device_type, native, expected", [("cuda", True, "torch-bf16"), ("cuda", False, "torch-fp32"),
+                                                           ("mps", True, "torch-fp32")])
+def test_on_a_gpu_bf16_needs_native_support(monkeypatch, device_type, native, expected):
+    """torch.cuda's bf16 probe faked: CI has no GPU."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: native)
+    assert backends.choose(release(), device_type).backend == expected
+
+
+@pytest.mark.parametrize("cap, features", [(None, AMX), ("AVX512_CORE_AMX", AMX), ("avx512_core_bf16", ZEN5),
+                                           ("AVX512_CORE", ICE_LAKE), ("AVX2", ZEN3), ("SSE41", [])])
+def test_onednn_s_isa_cap_removes_the_features_above_it(monkeypatch, cap, features):
+    """ONEDNN_MAX_CPU_ISA imitates an older CPU (on an AMX machine, faked here): bf16 above the cap is emulated."""
+    monkeypatch.setattr(device, "_is_x86", lambda: True)
+    for probe in device.X86_FEATURES.values():
+        monkeypatch.setattr(torch.cpu, probe, lambda: True)
+    if cap is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert device.cpu_features() == features
+    assert device.cpu_has_bf16() == ("avx512_bf16" in features)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import torch
+
 from cifarkit import device
 
 BACKENDS = ("torch-fp32", "torch-bf16", "onnxruntime")
@@ -100,9 +102,10 @@ def choose(info: dict | None, device_type: str = "cpu", features: list[str] | No
     if not inference:
         return Choice(REFERENCE, "no metrics.json records how other backends compare with fp32", kind)
     refused = refusals(inference)
-    if device_type != "cpu":
-        backend = "torch-bf16" if "torch-bf16" not in refused else REFERENCE
-        return Choice(backend, f"the torch backend of lowest admitted precision on {device_type}", kind)
+    if device_type != "cpu":  # ONNX Runtime runs on the CPU here; bf16 autocast where the GPU computes it
+        if device_type == "cuda" and torch.cuda.is_bf16_supported() and "torch-bf16" not in refused:
+            return Choice("torch-bf16", "this GPU computes bf16 natively and bf16 meets the accuracy rule", kind)
+        return Choice(REFERENCE, f"fp32: bf16 is not both native on {device_type} and admitted", kind)
     if native_bf16 is None:
         native_bf16 = device.cpu_has_bf16() if features is None else bool({"avx512_bf16", "amx"} & set(features))
     if not native_bf16:

@@ -31,11 +31,28 @@ X86_FEATURES = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported",
                 "avx512_bf16": "_is_avx512_bf16_supported", "amx": "_is_amx_tile_supported"}
 
 
+# oneDNN computes with no instruction set above ONEDNN_MAX_CPU_ISA (its documented cap, which also imitates an older
+# CPU on a newer one): the X86_FEATURES it may still use under each cap, by the cap's prefix, longest first.
+ONEDNN_ISA_CAPS = {
+    "AVX512_CORE_AMX": ("avx2", "avx512", "avx512_bf16", "amx"),
+    "AVX512_CORE_FP16": ("avx2", "avx512", "avx512_bf16"),
+    "AVX512_CORE_BF16": ("avx2", "avx512", "avx512_bf16"),
+    "AVX512": ("avx2", "avx512"),
+    "AVX2": ("avx2",),
+    "AVX": (),
+    "SSE": (),
+}
+
+
 def cpu_features() -> list[str]:
-    """The X86_FEATURES this CPU has; [] elsewhere (an Arm CPU's bf16 shows in cpu_has_bf16 alone)."""
+    """The X86_FEATURES this CPU has, less those above ONEDNN_MAX_CPU_ISA where it is set; [] elsewhere (an Arm CPU's
+    bf16 shows in cpu_has_bf16 alone)."""
     if not _is_x86():
         return []
-    return [name for name, probe in X86_FEATURES.items() if getattr(torch.cpu, probe)()]
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    allowed = next((features for prefix, features in ONEDNN_ISA_CAPS.items() if cap.startswith(prefix)), None)
+    return [name for name, probe in X86_FEATURES.items()
+            if getattr(torch.cpu, probe)() and (allowed is None or name in allowed)]
 
 
 def cpu_has_bf16() -> bool:

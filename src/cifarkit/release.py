@@ -347,7 +347,8 @@ Test accuracy {100 * metrics['test_acc']:.2f}% on the {metrics['test_images']:,}
 
 ## Inference speed
 On {machine['processor']} ({machine['threads']} threads), torch {metrics['torch']}; {metrics['inference']['what']}.
-Default backend on this machine: `{metrics['inference']['default_backend']}` ({metrics['inference']['default_backend_reason']}).
+Default backend on this machine: `{metrics['inference']['default_backend']}`
+({metrics['inference']['default_backend_reason']}).
 Every machine decides `auto` for itself: bf16 only where the CPU computes it natively, and only a backend whose test
 accuracy is within 0.1 points of fp32's and whose predictions agree with fp32's on at least 99.5% of the test images.
 
