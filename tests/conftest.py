@@ -36,6 +36,15 @@ def sample_home(home: Path):
         yield patch
 
 
+@pytest.fixture(autouse=True)
+def quick_machine_probe(monkeypatch):
+    """Speed runs probe the machine before and after each run (benchmark.PROBE): fastnet at batch 256 takes seconds
+    per probe in fp32 on one core of an AVX2 CPU. The tests check that the probe is taken and recorded, not its
+    figure, so they probe the proxy net on small batches."""
+    from cifarkit import benchmark
+    monkeypatch.setattr(benchmark, "PROBE", {"model": "fastnet_proxy", "batch_size": 32, "steps": 2})
+
+
 @pytest.fixture
 def cifar_home(tmp_path, monkeypatch):
     """A CIFARKIT_HOME whose cache is the committed real-data sample (2,000 train / 500 test images)."""

@@ -42,13 +42,13 @@ def test_without_tcmalloc_training_runs_on_the_mimalloc_wheel(cifar_home, tmp_pa
     assert trains_on(tmp_path, "mimalloc" if allocator.find() else "") == "mimalloc"
 
 
-# Allocates, fills and frees a 256 MiB tensor ten times, as a training step does its activations, and prints the
+# Allocates, fills and frees a 64 MiB tensor ten times, as a training step does its activations, and prints the
 # minor page faults that took.
 REUSE = """
 import resource, torch
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10):
-    torch.ones(64, 2**20)
+    torch.ones(16, 2**20)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
@@ -61,7 +61,7 @@ def test_the_preloaded_allocator_keeps_freed_memory_for_the_next_allocation():
     faults = {name: int(subprocess.run([sys.executable, "-c", REUSE], capture_output=True, text=True, check=True,
                                        timeout=120, env={**env, **({"LD_PRELOAD": str(lib)} if lib else {})}).stdout)
               for name, lib in libraries.items() if name == "glibc" or lib}
-    pages = 256 * 2**20 // 4096
+    pages = 64 * 2**20 // 4096
     assert faults["glibc"] > 5 * pages, faults
     # tcmalloc hands some back at its own pace: at most 3 of the 10 allocations' pages
     assert all(count < 3 * pages for name, count in faults.items() if name != "glibc"), faults
