@@ -53,9 +53,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subset", type=int, default=6000, help="training images of the one epoch")
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds: each allocator runs twice per round")
+    parser.add_argument("--allocators", nargs="+", choices=list(SETTINGS), help="default: glibc, mimalloc and "
+                        "tcmalloc where it is installed")
     parser.add_argument("--out", type=Path, help="default: results/allocators-KIND.json")
     args = parser.parse_args()
-    names = ["glibc", "mimalloc"] + (["tcmalloc"] if allocator.find() else [])
+    names = args.allocators or ["glibc", "mimalloc"] + (["tcmalloc"] if allocator.find() else [])
     order = [name for _ in range(args.rounds) for name in names + names[::-1]]
     runs = []
     with tempfile.TemporaryDirectory(prefix="allocators-") as scratch:
@@ -71,10 +73,12 @@ def main() -> None:
     for name, s in summary.items():
         print(f"| {name} | {s['wall_s']:.1f} | {100 * s['system_share']:.1f}% | {s['minor_page_faults']:,.0f} |")
     kind = backends.cpu_kind()
-    out = args.out or ROOT / "results" / f"allocators-{kind}.json"
+    out = (args.out or ROOT / "results" / f"allocators-{kind}.json").resolve()
     write_json(out, {
         "command": "python scripts/measure_allocators.py" + (f" --subset {args.subset}" if args.subset != 6000 else "")
-                   + (f" --rounds {args.rounds}" if args.rounds != 1 else ""),
+                   + (f" --rounds {args.rounds}" if args.rounds != 1 else "")
+                   + (f" --allocators {' '.join(args.allocators)}" if args.allocators else "")
+                   + (f" --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out.name}" if args.out else ""),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
         "environment": device.report(torch.device("cpu")),
         "what": f"cifarkit train --recipe fast, 1 epoch of {args.subset} training images and the test set, no TTA",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -99,14 +100,25 @@ def cpu_kind_block() -> str:
                      f"{precision} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
                      f"{wall['mean'] / 60:.1f} min mean wall time | `cifarkit speedrun --recipe fast --runs {acc['n']}"
                      f"{overrides}` (`results/{path.name}`) |")
+    for path in sorted(RESULTS.glob("profile-ab-fast-*.json")):  # where no speed run was made on the kind yet
+        ab = json.loads(path.read_text())
+        after = ab["runs"]["after"]
+        step = statistics.fmean(r["step_s"] for r in after)
+        lines.append(f"| {ab['cpu_kind']} | {ab['environment']['processor']} | `fast` training step, "
+                     f"{after[0]['precision']}, batch 2,000, {after[0]['allocator']} | {step:.1f} s per step "
+                     f"({2000 / step:,.0f} img/s), {ab['speedup_mean']:.2f}x the step at {ab['before']} "
+                     f"(n = {len(after)} pairs) | `{ab['command']}` (`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("serve-bench*.json")):
         bench = json.loads(path.read_text())
         batched = bench["servers"]["batched"]
-        level = next(lv for lv in batched["levels"] if lv["concurrency"] == 64)
-        ratio = next(r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == 64)
+        # at 64 connections, the serving goals' load, or the most the file measured
+        level = min(batched["levels"], key=lambda lv: (lv["concurrency"] != 64, -lv["concurrency"]))
+        ratio = next((r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == level["concurrency"]),
+                     None)
+        versus = f"{ratio:.2f}x" if ratio else "n/a"
         lines.append(f"| {kind(bench['environment'])} | {bench['environment']['processor']} | serving release "
-                     f"{bench['model']} through {batched['served']['backend']}, 64 connections | "
-                     f"{level['req_per_s']:,.0f} req/s, p99 {level['p99_ms']:.0f} ms, batched {ratio:.2f}x unbatched | "
+                     f"{bench['model']} through {batched['served']['backend']}, {level['concurrency']} connections | "
+                     f"{level['req_per_s']:,.0f} req/s, p99 {level['p99_ms']:.0f} ms, batched {versus} unbatched | "
                      f"`{bench['command']}` (`results/{path.name}`) |")
     return "\n".join(lines)
 

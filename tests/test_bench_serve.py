@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cifarkit import backends
 from conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "bench_serve.py"
@@ -135,6 +136,11 @@ def test_readme_block(bench, monkeypatch):
     assert "| concurrency | batched req/s | unbatched req/s | ratio |" in block
     assert "\n| 8 | " in block and "HTTP/1.1 keep-alive" in block
     assert "Overload" in block and "Soak" in block and "Start" in block
+    # the per-CPU-kind table: this machine's kind, the backend the server chose, and the command
+    report = json.loads(out.read_text())
+    row = next(line for line in render.cpu_kind_block().splitlines() if "serving release B" in line)
+    assert row.startswith(f"| {backends.cpu_kind()} | ") and report["servers"]["batched"]["served"]["backend"] in row
+    assert f"`{report['command']}`" in row
 
 
 def test_client_counts_failures_and_reconnects():
