@@ -16,15 +16,11 @@ import os
 import sys
 from datetime import datetime, timezone
 
-import numpy as np
 import torch
 
-from cifarkit import backends, benchmark, data, device
+from cifarkit import backends, data, device, release
 from cifarkit.files import write_json
 from cifarkit.inference import SHIPPED, Classifier, read_metrics
-
-ROUNDS = 5  # as `cifarkit release` measures: the median of interleaved rounds
-SECONDS_PER_SAMPLE = 0.5
 
 
 def measure(version: str, accuracy: bool) -> dict:
@@ -37,24 +33,18 @@ def measure(version: str, accuracy: bool) -> dict:
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     kind = backends.cpu_kind()
     if accuracy:
-        predictions = {}
-        for backend, classifier in classifiers.items():
-            predictions[backend] = np.concatenate([classifier.logits(pixels[i:i + 1000]).argmax(1).numpy()
-                                                   for i in range(0, len(pixels), 1000)])
-            print(f"{version} {backend}: {100 * (predictions[backend] == labels).mean():.2f}%", flush=True)
-        reference = predictions[backends.REFERENCE]
-        inference["test_acc_by_backend"] = {b: float((p == labels).mean()) for b, p in predictions.items()}
-        inference["top1_agreement_with_fp32"] = {b: float((p == reference).mean()) for b, p in predictions.items()}
+        accuracies, agreements = release.backend_accuracies(classifiers, pixels, labels)
+        for backend, value in accuracies.items():
+            print(f"{version} {backend}: {100 * value:.2f}%, agreeing with fp32 on {100 * agreements[backend]:.2f}%")
+        inference["test_acc_by_backend"], inference["top1_agreement_with_fp32"] = accuracies, agreements
         inference["test_acc_by_backend_measured"] = {"cpu_kind": kind, "measured": now,
                                                      "command": "python scripts/measure_release_backends.py"}
         inference["accuracy_rule"] = backends.ACCURACY_RULE
-    rows = benchmark.inference_throughput(classifiers, pixels[:256], rounds=ROUNDS,
-                                          seconds_per_sample=SECONDS_PER_SAMPLE)
+    rows = release.throughput_rows(classifiers, pixels)
     inference.setdefault("speed_by_cpu_kind", {})[kind] = {
         "measured_on": device.report(torch.device("cpu")), "measured": now,
         "command": "python scripts/measure_release_backends.py",
-        "what": inference["what"],
-        "throughput": [{k: v for k, v in r.items() if k != "samples"} for r in rows],
+        "what": inference["what"], "throughput": rows,
     }
     for r in rows:
         print(f"{version} {kind} {r['backend']} batch {r['batch_size']}: {r['images_per_s']:,.0f} img/s", flush=True)

@@ -93,10 +93,9 @@ def measured_speeds(inference: dict) -> dict[str, dict[str, float]]:
     return speeds
 
 
-def choose(info: dict | None, device_type: str = "cpu", features: list[str] | None = None,
-           native_bf16: bool | None = None) -> Choice:
+def choose(info: dict | None, device_type: str = "cpu", features: list[str] | None = None) -> Choice:
     """The backend `auto` means for the release described by `info` (its metrics.json; None for bare weights) on
-    this machine. `features` and `native_bf16` default to this CPU's (tests give others')."""
+    this machine. `features`: an x86 CPU's, default this CPU's (tests give others')."""
     kind = cpu_kind(features) if device_type == "cpu" else device_type
     inference = (info or {}).get("inference")
     if not inference:
@@ -106,9 +105,7 @@ def choose(info: dict | None, device_type: str = "cpu", features: list[str] | No
         if device_type == "cuda" and torch.cuda.is_bf16_supported() and "torch-bf16" not in refused:
             return Choice("torch-bf16", "this GPU computes bf16 natively and bf16 meets the accuracy rule", kind)
         return Choice(REFERENCE, f"fp32: bf16 is not both native on {device_type} and admitted", kind)
-    if native_bf16 is None:
-        native_bf16 = device.cpu_has_bf16() if features is None else bool({"avx512_bf16", "amx"} & set(features))
-    if not native_bf16:
+    if not device.cpu_has_bf16(features):
         refused.setdefault("torch-bf16", "this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 is emulated")
     admitted = [b for b in BACKENDS if b not in refused]
     speeds = measured_speeds(inference).get(kind, {})

@@ -55,15 +55,16 @@ def cpu_features() -> list[str]:
             if getattr(torch.cpu, probe)() and (allowed is None or name in allowed)]
 
 
-def cpu_has_bf16() -> bool:
-    """True when the CPU computes bf16 natively: AVX512-BF16 or AMX on x86, the BF16 extension on Arm.
+def cpu_has_bf16(features: list[str] | None = None) -> bool:
+    """True when the CPU computes bf16 natively: AVX512-BF16 or AMX on x86, the BF16 extension on Arm. `features`:
+    an x86 CPU's, as cpu_features() gives them (default: this CPU's).
 
     oneDNN's own check (`_is_mkldnn_bf16_supported`) also says yes on x86 CPUs with plain AVX-512, where it emulates
     bf16 and trains at a fraction of fp32's speed (an Ice Lake Xeon, AVX-512 without BF16, ran bf16+cl at about a
     third of fp32+cl's img/s in `cifarkit bench --modes fp32+cl bf16+cl`).
     """
-    if _is_x86():
-        return bool({"avx512_bf16", "amx"} & set(cpu_features()))
+    if features is not None or _is_x86():
+        return bool({"avx512_bf16", "amx"} & set(cpu_features() if features is None else features))
     with contextlib.suppress(Exception):
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return False

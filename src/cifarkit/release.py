@@ -284,20 +284,14 @@ def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predicti
     log.info("measuring each backend's test accuracy and top-1 agreement with fp32 (%s images) and inference speed "
              "(%d backends x 2 batch sizes; the median over rounds: %d, of %g s each)...", f"{len(pixels):,}",
              len(classifiers), INFERENCE_ROUNDS, SECONDS_PER_SAMPLE)
-    agreement, accuracy = {}, {}
-    for backend, classifier in classifiers.items():
-        predictions = np.concatenate([classifier.logits(pixels[i:i + 1000]).argmax(1).numpy()
-                                      for i in range(0, len(pixels), 1000)])
-        agreement[backend] = float((predictions == fp32_predictions.numpy()).mean())
-        accuracy[backend] = float((predictions == labels).mean())
-    rows = benchmark.inference_throughput(classifiers, pixels[:256], rounds=INFERENCE_ROUNDS,
-                                          seconds_per_sample=SECONDS_PER_SAMPLE)
+    accuracy, agreement = backend_accuracies(classifiers, pixels, labels, fp32_predictions.numpy())
+    rows = throughput_rows(classifiers, pixels)
     speed = {(r["backend"], r["batch_size"]): r["images_per_s"] for r in rows}
     inference = {
         "measured_on": device.report(torch.device("cpu")),
         "cpu_kind": backends.cpu_kind(),
         "what": f"img/s of Classifier.logits: 32x32 uint8 pixels -> normalization -> logits, median of {INFERENCE_ROUNDS} rounds",
-        "throughput": [{k: v for k, v in r.items() if k != "samples"} for r in rows],
+        "throughput": rows,
         "top1_agreement_with_fp32": agreement,
         "test_acc_by_backend": accuracy,
         "accuracy_rule": backends.ACCURACY_RULE,
@@ -307,6 +301,25 @@ def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predicti
     return {**inference, "default_backend": choice.backend, "default_backend_reason": choice.reason,
             "images_per_s_batch1": speed[(choice.backend, 1)],
             "images_per_s_batch256": speed[(choice.backend, 256)]}
+
+
+def backend_accuracies(classifiers: dict, pixels: np.ndarray, labels: np.ndarray,
+                       fp32_predictions: np.ndarray | None = None) -> tuple[dict, dict]:
+    """(backend -> test accuracy, backend -> top-1 agreement with fp32) over every image; fp32's predictions are
+    `fp32_predictions`, or those of the classifiers' torch-fp32 backend."""
+    predictions = {backend: np.concatenate([classifier.logits(pixels[i:i + 1000]).argmax(1).numpy()
+                                            for i in range(0, len(pixels), 1000)])
+                   for backend, classifier in classifiers.items()}
+    reference = predictions[backends.REFERENCE] if fp32_predictions is None else fp32_predictions
+    return ({b: float((p == labels).mean()) for b, p in predictions.items()},
+            {b: float((p == reference).mean()) for b, p in predictions.items()})
+
+
+def throughput_rows(classifiers: dict, pixels: np.ndarray) -> list[dict]:
+    """Each backend's img/s at batch 1 and 256, as a release records them (without the per-round samples)."""
+    rows = benchmark.inference_throughput(classifiers, pixels[:256], rounds=INFERENCE_ROUNDS,
+                                          seconds_per_sample=SECONDS_PER_SAMPLE)
+    return [{k: v for k, v in r.items() if k != "samples"} for r in rows]
 
 
 def model_card(metrics: dict, config: dict) -> str:
