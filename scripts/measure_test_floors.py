@@ -34,20 +34,24 @@ RELEASE_MARGIN = 0.01
 # backend's floor is measured; they guard the weights and the model's code, each backend's agreement with fp32 is
 # measured by the release itself.
 TRAINING_CHECKS = {
-    # test_fast.py: one epoch of the fast recipe on the committed sample (2,000 train / 500 test images)
-    "fast-1-epoch-sample": {"recipe": "fast", "overrides": ["train.epochs=1", "train.batch_size=100"],
+    # test_fast.py: one epoch of the fast recipe on 1,000 of the committed sample's training images, all 500 test
+    # images
+    "fast-1-epoch-sample": {"recipe": "fast", "overrides": ["train.epochs=1", "train.batch_size=100",
+                                                            "data.subset=1000"],
                             "data": "sample"},
-    # test_learning.py: cifar10net, 6 epochs on the sample
-    "cifar10net-6-epochs-sample": {"recipe": "cifar10net", "overrides": ["train.epochs=6", "train.batch_size=64"],
+    # test_learning.py: cifar10net, 4 epochs on the sample
+    "cifar10net-4-epochs-sample": {"recipe": "cifar10net", "overrides": ["train.epochs=4", "train.batch_size=64"],
                                    "data": "sample"},
     # test_learning.py (real data only): cifar10net, 2 epochs on 5,000 real training images, all 10,000 test images
-    "cifar10net-2-epochs-real-5000": {"recipe": "cifar10net", "overrides": ["train.epochs=2", "data.subset=5000"],
+    # read once, after the last epoch
+    "cifar10net-2-epochs-real-5000": {"recipe": "cifar10net", "overrides": ["train.epochs=2", "data.subset=5000",
+                                                                            "train.eval_every=2"],
                                       "data": "real"},
-    # test_distributed.py: the fast recipe on 2 gloo ranks (`cifarkit train --nproc 2`), 2 epochs of 1,000 of the
-    # sample's training images, without TTA: four such runs must fit in the suite's time. The whitening bias freezes
+    # test_distributed.py: the fast recipe on 2 gloo ranks (`cifarkit train --nproc 2`), 2 epochs of 600 of the
+    # sample's training images, without TTA: six such launches must fit in the suite's time. The whitening bias freezes
     # after epoch 1, so that DDP meets a parameter that stops training mid-run.
     "fast-2-epochs-2-ranks-sample": {"recipe": "fast", "overrides": ["train.epochs=2", "train.batch_size=100",
-                                                                     "data.subset=1000", "train.tta=false",
+                                                                     "data.subset=600", "train.tta=false",
                                                                      "train.whiten_bias_epochs=1"],
                                      "data": "sample", "nproc": 2},
 }

@@ -23,6 +23,16 @@ FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
 # Accuracy floors, each measured over five seeds by `python scripts/measure_test_floors.py`, with the settings the
 # tests must use to meet them.
 FLOORS = json.loads((ROOT / "results" / "test-floors.json").read_text())
+# What each test file cost in a measured run of the suite (`python scripts/measure_test_durations.py`).
+DURATIONS = ROOT / "results" / "test-durations.json"
+
+
+def pytest_collection_modifyitems(items):
+    """Costliest files first. xdist's loadfile hands each worker whole files in collection order (pyproject turns off
+    its reordering by test count): when the long files start first and the short ones fill in at the end, the two
+    workers finish together. A file the record does not know goes last, in its usual place among the others."""
+    costs = json.loads(DURATIONS.read_text())["files"] if DURATIONS.is_file() else {}
+    items.sort(key=lambda item: -costs.get(item.nodeid.split("::")[0], 0.0))  # stable: a file's tests keep their order
 
 
 @contextmanager

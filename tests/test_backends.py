@@ -121,3 +121,16 @@ def test_onednn_s_isa_cap_removes_the_features_above_it(monkeypatch, cap, featur
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
     assert device.cpu_features() == features
     assert device.cpu_has_bf16() == ("avx512_bf16" in features)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_onnxruntime_runs_on_torch_s_thread_count(threads):
+    """One thread setting for every backend: a worker given one core must not spin a second onnxruntime thread."""
+    from cifarkit import export, models
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        session = export.onnx_session(export.onnx_bytes(models.create("simplecnn").eval()))
+    finally:
+        torch.set_num_threads(before)
+    assert session.get_session_options().intra_op_num_threads == threads

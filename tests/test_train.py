@@ -17,7 +17,7 @@ from cifarkit.errors import CifarkitError
 
 # Small but complete: dropout (RNG), warmup + step schedule (SequentialLR), EMA, lookahead and augmentation
 # (alternating flips included) all take part.
-QUICK = ["train.epochs=3", "train.batch_size=100", "data.subset=1000", "schedule.warmup_epochs=1",
+QUICK = ["train.epochs=3", "train.batch_size=50", "data.subset=500", "schedule.warmup_epochs=1",
          "train.ema_decay=0.9", "train.lookahead_every=3", "data.augment.cutout=8", "data.augment.alternate_flip=true"]
 
 

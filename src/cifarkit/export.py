@@ -56,13 +56,22 @@ def _write_torchscript(model: torch.nn.Module, path: Path) -> None:
     torch.jit.save(torch.jit.trace(model, _example()), str(path))
 
 
+def onnx_session(model: Path | bytes):
+    """An onnxruntime session on the CPU, on as many threads as torch (OMP_NUM_THREADS, torch.set_num_threads)
+    rather than onnxruntime's own default of one per core: one setting holds for every backend, and a process given
+    one core does not spin a second thread on a core where another process computes."""
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options,
+                                        providers=["CPUExecutionProvider"])
+
+
 def run_artifact(fmt: str, path: Path | bytes):
     """A function N x 3 x 32 x 32 float32 numpy -> N x 10 logits numpy, running the artifact at `path` (an ONNX
     model may also come as its serialized bytes)."""
     if fmt == "onnx":
-        import onnxruntime
-        model = path if isinstance(path, bytes) else str(path)
-        session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+        session = onnx_session(path)
         return lambda x: session.run(None, {"image": x})[0]
     module = torch.export.load(str(path)).module() if fmt == "exported" else torch.jit.load(str(path))
     return lambda x: module(torch.from_numpy(x)).detach().numpy()
