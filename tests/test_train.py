@@ -59,7 +59,7 @@ def test_run_folder_contents(cifar_home, tmp_path):
 
 
 def test_same_seed_same_weights(cifar_home, tmp_path):
-    recipe = ["train.epochs=2", "train.batch_size=100", "data.subset=500"]
+    recipe = ["train.epochs=2", "train.batch_size=50", "data.subset=200"]
     train.run(load_recipe("cifar10net", recipe), out=tmp_path / "a")
     train.run(load_recipe("cifar10net", recipe), out=tmp_path / "b")
     train.run(load_recipe("cifar10net", recipe + ["train.seed=1"]), out=tmp_path / "c")
@@ -69,17 +69,18 @@ def test_same_seed_same_weights(cifar_home, tmp_path):
     assert not torch.equal(weights(tmp_path / "a")["0.0.weight"], weights(tmp_path / "c")["0.0.weight"])
 
 
-def test_killed_run_resumes_bit_identically(cifar_home, tmp_path):
-    """SIGKILL a real training process after its first checkpoint, resume it, and compare with an unbroken run."""
-    args = [sys.executable, "-m", "cifarkit", "train", "--recipe", "cifar10net"]
+def test_killed_run_resumes_bit_identically(cifar_home, tmp_path, capsys):
+    """SIGKILL a real training process after its first checkpoint, resume it, and compare with an unbroken run.
+    The unbroken run and the resume run in this process, on as many threads as the killed one: the same kernels."""
+    args = ["train", "--recipe", "cifar10net"]
     for override in QUICK + ["train.epochs=4"]:
         args += ["--set", override]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    subprocess.run(args + ["--out", str(tmp_path / "whole")], env=env, check=True, capture_output=True)
+    assert main(args + ["--out", str(tmp_path / "whole")]) == 0
 
     broken = tmp_path / "broken"
-    proc = subprocess.Popen(args + ["--out", str(broken)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "cifarkit", *args, "--out", str(broken)],
+                            env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (broken / "checkpoints" / "last.pt").exists():
         assert proc.poll() is None, "the run ended before its first checkpoint"
@@ -91,16 +92,15 @@ def test_killed_run_resumes_bit_identically(cifar_home, tmp_path):
     done_before = torch.load(broken / "checkpoints" / "last.pt", weights_only=True)["epoch"]
     assert 1 <= done_before < 4
 
-    subprocess.run([sys.executable, "-m", "cifarkit", "train", "--resume", str(broken)], env=env, check=True,
-                   capture_output=True)
+    assert main(["train", "--resume", str(broken)]) == 0
     assert_same_weights(weights(tmp_path / "whole"), weights(broken))
     whole = [json.loads(x) for x in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     resumed = [json.loads(x) for x in (broken / "metrics.jsonl").read_text().splitlines()]
     assert [(r["epoch"], r["train_loss"], r["test_acc"]) for r in resumed] == \
         [(r["epoch"], r["train_loss"], r["test_acc"]) for r in whole]
-    again = subprocess.run([sys.executable, "-m", "cifarkit", "train", "--resume", str(broken)], env=env,
-                           capture_output=True, text=True)
-    assert again.returncode == 2 and "has finished already (it has summary.json)" in again.stderr
+    capsys.readouterr()
+    assert main(["train", "--resume", str(broken)]) == 2
+    assert "has finished already (it has summary.json)" in capsys.readouterr().err
     assert_same_weights(weights(tmp_path / "whole"), weights(broken))
 
 
