@@ -100,7 +100,7 @@ def test_torchscript_export_is_announced_and_its_deprecation_said_once(workdir, 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         assert main(["export", "T", "--format", "torchscript"]) == 0
-    assert capsys.readouterr().out.startswith("wrote model.torchscript.pt ")
+    assert capsys.readouterr().out.startswith("wrote cifar10_models/version_T/model.torchscript.pt ")
     assert not [w for w in seen if "torch.jit" in str(w.message)]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"TorchScript is deprecated in the installed torch {torch.__version__}; prefer --format exported "

@@ -181,6 +181,47 @@ def test_export_matches_pytorch(released, cifar_home, tmp_path, fmt):
     assert main(["release", "--check", str(target)]) == 0
 
 
+def test_export_with_out_leaves_the_release_as_it_was(released, cifar_home, tmp_path, capsys):
+    before = {p.name: p.read_bytes() for p in released.iterdir() if p.is_file()}
+    assert main(["export", str(released), "--format", "onnx", "--out", str(tmp_path / "exports")]) == 0
+    artifact = tmp_path / "exports" / "model.onnx"
+    assert f"wrote {artifact} " in capsys.readouterr().out
+    record = json.loads((tmp_path / "exports" / "model.onnx.json").read_text())
+    assert record["release"] == "T" and record["sha256"] == hashlib.sha256(artifact.read_bytes()).hexdigest()
+    assert record["weights_sha256"] == json.loads(before["metrics.json"])["weights_sha256"]
+    assert {p.name: p.read_bytes() for p in released.iterdir() if p.is_file()} == before
+
+
+@pytest.fixture
+def read_only_package():
+    """The shipped releases' folder really read-only, through a read-only bind mount over it (an installed package
+    owned by another user is so; root is refused only by a read-only mount)."""
+    from cifarkit.inference import SHIPPED
+    mounted = subprocess.run(["mount", "--bind", str(SHIPPED), str(SHIPPED)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(SHIPPED)], check=True, capture_output=True)
+        with pytest.raises(OSError):  # the mount takes effect, or the test proves nothing
+            (SHIPPED / "probe").write_bytes(b"")
+        yield SHIPPED
+    finally:
+        subprocess.run(["umount", "-l", str(SHIPPED)], check=False)
+
+
+def test_a_shipped_release_exports_into_the_current_folder_and_never_into_the_package(read_only_package, cifar_home,
+                                                                                      tmp_path, monkeypatch, capsys):
+    shipped = read_only_package / "version_B"
+    before = {p.name: p.read_bytes() for p in shipped.iterdir() if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "B", "--format", "onnx"]) == 0
+    assert "wrote model.onnx " in capsys.readouterr().out
+    record = json.loads((tmp_path / "model.onnx.json").read_text())
+    assert record["release"] == "B" and record["weights_sha256"] == json.loads(before["metrics.json"])["weights_sha256"]
+    assert record["sha256"] == hashlib.sha256((tmp_path / "model.onnx").read_bytes()).hexdigest()
+    assert {p.name: p.read_bytes() for p in shipped.iterdir() if p.is_file()} == before
+
+
 def test_export_that_fails_parity_writes_nothing(released, cifar_home, tmp_path, monkeypatch, capsys):
     target = tmp_path / "version_T"
     shutil.copytree(released, target)

@@ -396,8 +396,8 @@ def cmd_predict(args) -> None:
 
 def cmd_export(args) -> None:
     from cifarkit.export import export
-    report = export(args.release, args.format)
-    print(f"wrote {report['file']} ({report['size_bytes'] / 1e6:.1f} MB); parity on {report['images']} real test "
+    report = export(args.release, args.format, args.out)
+    print(f"wrote {report['path']} ({report['size_bytes'] / 1e6:.1f} MB); parity on {report['images']} real test "
           f"images: max abs logit difference {report['max_abs_logit_diff']:.2e}, top-1 agreement "
           f"{100 * report['top1_agreement']:.2f}%")
 
@@ -594,8 +594,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--access-log", action="store_true", help="log every request (costs throughput)")
     p.set_defaults(func=cmd_serve)
 
-    p = _command(sub, "export", "write ONNX / torch.export / TorchScript into a release, checked for parity")
+    p = _command(sub, "export", "write ONNX / torch.export / TorchScript of a release, checked for parity")
     p.add_argument("release", help="version name or release folder")
+    p.add_argument("--out", type=Path, help="write the artifact and its record (ARTIFACT.json) into this folder and "
+                                            "leave the release as it is (default: into the release, recorded in its "
+                                            "metrics.json; a shipped release's into the current folder)")
     p.add_argument("--format", required=True, choices=("onnx", "exported", "torchscript"),
                    help="onnx: model.onnx; exported: torch.export's model.pt2; torchscript: model.torchscript.pt")
     p.set_defaults(func=cmd_export)

@@ -1,8 +1,10 @@
 """`cifarkit export`: ONNX, torch.export and TorchScript artifacts of a release, each verified against PyTorch.
 
-An artifact lands in the release only after it matches the eager fp32 model on real test images: max abs logit
-difference <= 1e-3 and top-1 agreement >= 99.9%. The release's metrics.json records the check, the artifact's
-sha256 and the sha256 of the weights it was made from, so a stale or swapped artifact is recognised later.
+An artifact lands only after it matches the eager fp32 model on real test images: max abs logit difference <= 1e-3
+and top-1 agreement >= 99.9%. Into a release of the user's, it is recorded in the release's metrics.json: the check,
+the artifact's sha256 and the sha256 of the weights it was made from, so a stale or swapped artifact is recognised
+later. A release shipped inside the package is never written to (an installed package may be read-only, and is not
+the user's to change): its artifact goes to `out`, the current folder by default, with the record beside it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 from cifarkit import checkpoint, preprocess
 from cifarkit.errors import CifarkitError
 from cifarkit.files import atomic_path, file_digest, write_json
-from cifarkit.inference import METRICS_NAME, WEIGHTS_NAME, read_metrics, release_dir, weights_sha256
+from cifarkit.inference import METRICS_NAME, SHIPPED, WEIGHTS_NAME, read_metrics, release_dir, weights_sha256
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +102,10 @@ def record(fmt: str, path: Path, weights_sha: str) -> dict:
             "sha256": file_digest(path, "sha256"), "weights_sha256": weights_sha, "torch": str(torch.__version__)}
 
 
-def export(release: str | Path, fmt: str) -> dict:
-    """Write the `fmt` artifact into a release (a version name or a release folder), checked and recorded."""
+def export(release: str | Path, fmt: str, out: str | Path | None = None) -> dict:
+    """Write the `fmt` artifact of a release (a version name or a release folder), checked against PyTorch: into the
+    release, recorded in its metrics.json; or, with `out` and for a shipped release, into the folder `out` (default:
+    the current folder), recorded beside it in `<artifact>.json`. The report says where (`path`)."""
     if fmt not in FILES:
         raise CifarkitError(f"unknown export format {fmt!r}; choose from {', '.join(FILES)}")
     release = release_dir(release, accepts="a release folder")
@@ -112,7 +116,12 @@ def export(release: str | Path, fmt: str) -> dict:
                             f"RUN_DIR --name NAME` and export that")
     weights_sha = weights_sha256(release / WEIGHTS_NAME, metrics)  # never export (and bless) damaged weights
     model, meta = checkpoint.load_weights(release)
-    target = release / FILES[fmt]
+    if out is None:
+        out = Path() if release.resolve().is_relative_to(SHIPPED.resolve()) else release
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    into_release = out.resolve() == release.resolve()
+    target = out / FILES[fmt]
     writer = {"onnx": write_onnx, "exported": _write_exported, "torchscript": _write_torchscript}[fmt]
     images = parity_images(PARITY_IMAGES, meta["mean"], meta["std"])
     log.info("exporting %s as %s and checking it against PyTorch on %d test images...", release, fmt, len(images))
@@ -123,11 +132,14 @@ def export(release: str | Path, fmt: str) -> dict:
             raise CifarkitError(f"{fmt} export failed its parity check ({_describe(check)}); nothing was written")
     report = {**record(fmt, target, weights_sha), **check,
               "limits": {"max_abs_logit_diff": MAX_ABS_DIFF, "top1_agreement": MIN_TOP1_AGREEMENT}}
-    metrics.setdefault("exports", {})[fmt] = report
-    if "files" in metrics:  # releases written before the manifest existed have none to update
-        metrics["files"][target.name] = report["sha256"]
-    write_json(release / METRICS_NAME, metrics)
-    return report
+    if into_release:
+        metrics.setdefault("exports", {})[fmt] = report
+        if "files" in metrics:  # releases written before the manifest existed have none to update
+            metrics["files"][target.name] = report["sha256"]
+        write_json(release / METRICS_NAME, metrics)
+    else:
+        write_json(out / f"{target.name}.json", {"release": metrics.get("release", release.name), **report})
+    return {**report, "path": str(target)}
 
 
 @contextmanager
