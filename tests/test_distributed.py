@@ -1,7 +1,7 @@
 """Distributed data-parallel training for real: torchrun, gloo ranks on the CPU, the committed real-data sample.
 
 Each launch starts real processes (torchrun's agent and its ranks), so the runs are short: the `fast` recipe for two
-epochs of 600 of the sample's images, 100 per step (results/test-floors.json holds the settings and the floor).
+epochs of 400 of the sample's images, 100 per step (results/test-floors.json holds the settings and the floor).
 """
 import json
 import os

@@ -19,7 +19,7 @@ def test_cifar10net_learns_on_real_images(cifar_home, tmp_path):
 @pytest.mark.realdata
 @pytest.mark.skipif(not os.environ.get("CIFARKIT_DATA"), reason="CIFARKIT_DATA is not set (CI sets it)")
 def test_real_archive_import_and_short_training(tmp_path, monkeypatch, capsys):
-    """The real 50,000/10,000 set: import it, train cifar10net on 5,000 images for 2 epochs, test on all 10,000 (once,
+    """The real 50,000/10,000 set: import it, train cifar10net on 2,500 images for 2 epochs, test on all 10,000 (once,
     at the end). The commands run in this process: a child's start would cost more than the checks here."""
     monkeypatch.setenv("CIFARKIT_HOME", str(tmp_path / "home"))
     assert main(["data", "import", os.environ["CIFARKIT_DATA"]]) == 0
@@ -28,7 +28,7 @@ def test_real_archive_import_and_short_training(tmp_path, monkeypatch, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["splits"]["train"]["images"] == 50_000 and info["splits"]["test"]["images"] == 10_000
     out = tmp_path / "run"
-    check = FLOORS["training"]["cifar10net-2-epochs-real-5000"]
+    check = FLOORS["training"]["cifar10net-2-epochs-real-2500"]
     overrides = [arg for override in check["overrides"] for arg in ("--set", override)]
     assert main(["train", "--recipe", check["recipe"], *overrides, "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
