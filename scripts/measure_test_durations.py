@@ -68,6 +68,7 @@ def main() -> None:
         "test_seconds_total": round(sum(files.values()), 1),
         "files": {path: round(seconds, 1) for path, seconds in files.most_common()},
         "slowest": tests[:SLOWEST],
+        "every_test": {test["test"]: test["seconds"] for test in tests},
     }
     write_json(args.out, result)
     print(f"{len(tests)} tests in {wall:.0f} s of wall time ({result['test_seconds_total']:.0f} s of test time), "

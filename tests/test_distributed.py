@@ -114,22 +114,19 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes_to_the_unbroken_result(h
     assert same(weights(run), weights(two_ranks))
 
 
-def test_a_distributed_run_stopped_by_a_dead_rank_resumes_to_the_unbroken_result(home, two_ranks, tmp_path):
+def test_a_run_stopped_by_a_rank_dead_in_native_code_names_where_and_resumes_to_the_unbroken_result(home, two_ranks,
+                                                                                                    tmp_path):
+    """A rank that dies of SIGABRT (what a C++ std::terminate raises) names where its Python code was; without
+    restarts the launch fails, and `--resume` finishes the run as if nothing had happened."""
     run = tmp_path / "run"
-    failed = torchrun("--standalone", "--nproc-per-node", "2", str(FAULT_CHILD), *TRAIN, "--out", str(run))
+    failed = torchrun("--standalone", "--nproc-per-node", "2", str(FAULT_CHILD), *TRAIN, "--out", str(run),
+                      FAULT_SIGNAL="SIGABRT")
     assert failed.returncode != 0 and not (run / "summary.json").exists()
+    assert "Fatal Python error: Aborted" in failed.stderr, failed.stderr[-3000:]
+    assert "in train_one_epoch" in failed.stderr.split("Fatal Python error: Aborted")[1], failed.stderr[-3000:]
     assert main(["train", "--nproc", "2", "--resume", str(run)]) == 0
     assert epochs(run) == [1, 2]
     assert same(weights(run), weights(two_ranks))
-
-
-def test_a_rank_killed_by_native_code_prints_its_python_stack(home, tmp_path):
-    """A rank that dies of SIGABRT (what a C++ std::terminate raises) names where its Python code was."""
-    failed = torchrun("--standalone", "--nproc-per-node", "2", str(FAULT_CHILD), *TRAIN, "--out",
-                      str(tmp_path / "run"), FAULT_SIGNAL="SIGABRT")
-    assert failed.returncode != 0
-    assert "Fatal Python error: Aborted" in failed.stderr, failed.stderr[-3000:]
-    assert "in train_one_epoch" in failed.stderr.split("Fatal Python error: Aborted")[1], failed.stderr[-3000:]
 
 
 def test_two_nodes_on_loopback_train_one_run(home, two_ranks, tmp_path):
