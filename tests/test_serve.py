@@ -319,3 +319,29 @@ def test_help_states_the_settings_defaults():
             assert stated.startswith("one per core but one"), name
         else:
             assert stated == (f"{value:g}" if isinstance(value, float) else str(value)), name
+
+
+def test_idle_and_slow_clients_are_cut_off_and_one_that_leaves_is_a_line_and_a_count():
+    """Connections that send nothing, half a head or half a body are closed after --read-timeout-s; a client gone
+    mid-body is one INFO line and one count in /metrics, with no traceback; a normal request is still answered."""
+    head = b"POST /v1/predict HTTP/1.1\r\nHost: test\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n"
+    with running_server("--model", "B", "--read-timeout-s", "1") as server:
+        address = urlsplit(server.url)
+        clients = {name: socket.create_connection((address.hostname, address.port), timeout=30)
+                   for name in ("idle", "half a head", "half a body", "gone mid-body")}
+        clients["half a head"].sendall(head[:40])
+        clients["half a body"].sendall(head + CAT[:100])
+        clients["gone mid-body"].sendall(head + CAT[:100])
+        clients.pop("gone mid-body").close()
+        start = time.monotonic()
+        for name, client in clients.items():
+            with client:
+                assert client.recv(1) == b"", name  # closed by the server, not answered
+        assert time.monotonic() - start < 10
+        status, _, answer = call(server.url, "/v1/predict", CAT, PNG)
+        assert status == 200 and answer["predictions"][0]["label"] == "cat"
+        assert metrics(server.url)[("cifarkit_client_disconnects_total", ())] == 2
+        assert server.stop() == 0
+    gone = [line for line in server.lines if "left before sending its whole request" in line]
+    assert len(gone) == 2 and all(" INFO " in line for line in gone), server.output[-3000:]
+    assert "Traceback" not in server.output and " ERROR " not in server.output, server.output[-3000:]

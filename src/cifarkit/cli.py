@@ -16,7 +16,8 @@ DEVICES = ("auto", "cuda", "mps", "cpu")
 BENCH_MODES = ["fp32", "bf16+cl"]  # bench's default: a CPU's plain and fast training
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
 # `cifarkit serve` options that set a ServeSettings field; tests/test_serve.py checks the defaults their help states.
-SERVE_SETTINGS = ("max_batch", "max_wait_ms", "max_queue", "timeout_s", "max_body_mb", "threads", "backend")
+SERVE_SETTINGS = ("max_batch", "max_wait_ms", "max_queue", "timeout_s", "read_timeout_s", "max_body_mb", "threads",
+                  "backend")
 
 
 def _print_json(obj) -> None:
@@ -582,6 +583,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(default: 512)")
     p.add_argument("--timeout-s", type=_bounded(0.001, kind=float),
                    help="a request not answered in this time gets 504 (default: 10)")
+    p.add_argument("--read-timeout-s", type=_bounded(0.001, kind=float),
+                   help="a connection that has not sent a whole request this long after it opened or after its last "
+                        "answer is closed: idle and slow clients (default: 10)")
     p.add_argument("--max-body-mb", type=_bounded(0.001, kind=float),
                    help="larger request bodies get 413 before they are read (default: 10)")
     p.add_argument("--threads", type=_bounded(1),

@@ -40,6 +40,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cifarkit import __version__, backends, preprocess
 from cifarkit.errors import CifarkitError
@@ -68,6 +70,10 @@ class ServeSettings:
     max_queue: int = 512
     # A request not answered in this time gets 504 (its images are dropped from the queue if still there).
     timeout_s: float = 10.0
+    # A connection is closed when no whole request (headers and body) has come this long after it opened or after
+    # its last answer: idle and slow clients do not keep sockets and file descriptors. uvicorn's own keep-alive
+    # timeout (5 s) cannot do it: any byte received disarms it, and it is armed only after an answer.
+    read_timeout_s: float = 10.0
     max_body_mb: float = 10.0  # a larger request body is refused (413) before it is read
     max_images: int = 64  # images in one multipart request
     # torch's intra-op threads; None: torch's own (one per core) but one, the core left to the event loop and the
@@ -169,6 +175,8 @@ class Metrics:
                               registry=self.registry)
         self.queue_depth = Gauge("cifarkit_queue_depth", "Images waiting for a forward pass, by model", ["model"],
                                  registry=self.registry)
+        self.disconnects = Counter("cifarkit_client_disconnects", "Requests whose client hung up, or was timed out, "
+                                   "before its whole body had come", registry=self.registry)
 
 
 @dataclass(eq=False)
@@ -483,6 +491,11 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
             if request.method != "POST":
                 raise _Refused(405, f"{PREDICT} takes POST", {"Allow": "POST"})
             response = await predict(request)
+        except ClientDisconnect:  # nobody is left to answer: a line, a count, and no traceback
+            client = f"{scope['client'][0]}:{scope['client'][1]}" if scope.get("client") else "a client"
+            log.info("%s left before sending its whole request; nothing was answered", client)
+            metrics.disconnects.inc()
+            return
         except Exception as e:
             response = await _error_answer(request, e)
         await response(scope, receive, send)
@@ -640,6 +653,59 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _with_read_deadline(protocol: type, seconds: float) -> type:
+    """uvicorn's HTTP protocol class `protocol`, which closes its connection when no whole request (headers and
+    body) has arrived `seconds` after the connection opened or after its last answer. A closed connection in the
+    middle of a body reaches the app as a client disconnect."""
+
+    class ReadDeadline(protocol):
+        deadline = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            cycle = self.cycle
+            if cycle is not None and not cycle.more_body and not cycle.response_complete:
+                self._disarm()  # the whole request is in: from here on it is the server's time, not the client's
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self.deadline = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+                self.deadline = None
+
+        def _expire(self) -> None:
+            self.deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return ReadDeadline
+
+
+def _http_protocol() -> type:
+    """The protocol class uvicorn's "auto" picks: httptools' where it is installed, else h11's."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        return HttpToolsProtocol
+    except ImportError:
+        return H11Protocol
+
+
 def serve(names: list[str], host: str = LOOPBACK, port: int = 8000, settings: ServeSettings | None = None,
           access_log: bool = False) -> None:
     """Load and verify the models, bind, warm them, say where it is ready, and serve until SIGTERM or Ctrl-C, which
@@ -654,6 +720,7 @@ def serve(names: list[str], host: str = LOOPBACK, port: int = 8000, settings: Se
                     "" if settings.api_key else f"; set {API_KEY_ENV} to require a key")
     config = uvicorn.Config(create_app(models, settings), log_level="warning", access_log=access_log,
                             timeout_graceful_shutdown=int(settings.timeout_s) + 1, lifespan="on",
+                            http=_with_read_deadline(_http_protocol(), settings.read_timeout_s),
                             proxy_headers=False)  # no proxy in front by default: X-Forwarded-* are not trusted
     server = uvicorn.Server(config)
 
