@@ -139,7 +139,8 @@ def test_predict_command_reports_each_image_and_fails_only_the_bad_ones(released
     results = json.loads(captured.out)
     assert results[0]["path"] == str(good) and results[0]["label"] in data.CLASSES
     assert 0 < results[0]["confidence"] <= 1 and len(results[0]["topk"]) == 3
-    assert data.CLASSES[results[0]["index"]] == results[0]["label"]
+    assert data.CLASSES[results[0]["class_index"]] == results[0]["label"]
+    assert {k: v for k, v in results[0].items() if k != "path"} == Classifier.load(released).prediction(good, k=3)
     assert "error" in results[1] and "bad.png" in captured.err
     assert main(["predict", "--model", str(released), str(good)]) == 0
     assert capsys.readouterr().out.startswith(f"{good}: ")

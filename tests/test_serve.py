@@ -84,7 +84,11 @@ def test_predict_raw_body_matches_the_python_api(server, expected):
     label, sha, _ = expected["B"]  # B: the first --model is the default
     assert answer["model"] == "B" and answer["weights_sha256"] == sha
     (prediction,) = answer["predictions"]
-    assert prediction["index"] == 0 and prediction["label"] == label
+    assert prediction["position"] == 0 and prediction["label"] == label
+    in_process = expected["B"][2].prediction(IMAGES / "cat.png", k=3)  # one schema for HTTP and the Python API
+    assert [(t["label"], t["class_index"]) for t in prediction["topk"]] == \
+        [(t["label"], t["class_index"]) for t in in_process["topk"]]
+    assert prediction["confidence"] == pytest.approx(in_process["confidence"], abs=1e-4)
     assert [t["label"] for t in prediction["topk"]][0] == label and len(prediction["topk"]) == 3
     confidences = [t["confidence"] for t in prediction["topk"]]
     assert confidences == sorted(confidences, reverse=True) and prediction["confidence"] == confidences[0]
@@ -101,7 +105,7 @@ def test_multipart_bad_image_fails_alone(server, expected):
     status, _, answer = call(server.url, "/v1/predict?model=B&topk=1", body, headers)
     assert status == 200, answer
     cat, notes, ship = answer["predictions"]
-    assert [cat["index"], notes["index"], ship["index"]] == [0, 1, 2]
+    assert [cat["position"], notes["position"], ship["position"]] == [0, 1, 2]
     assert cat["label"] == expected["B"][0] and cat["filename"] == "cat.png" and ship["label"] == "ship"
     assert notes["error"]["status"] == 422 and "notes.txt is not an image" in notes["error"]["detail"]
     assert "label" not in notes

@@ -372,17 +372,11 @@ def cmd_predict(args) -> None:
     results, failed = [], 0
     for path in args.images:
         try:
-            proba = classifier.predict_proba(path)
+            results.append({"path": path, **classifier.prediction(path, k=args.topk)})
         except (ValueError, CifarkitError) as e:  # one image's problem: report it, classify the others
             failed += 1
             print(f"cifarkit: error: {e}", file=sys.stderr)
             results.append({"path": path, "error": str(e)})
-            continue
-        order = proba.argsort()[::-1][:args.topk]
-        results.append({"path": path, "index": int(order[0]), "label": classifier.classes[order[0]],
-                        "confidence": float(proba[order[0]]),
-                        "topk": [{"index": int(i), "label": classifier.classes[i], "confidence": float(proba[i])}
-                                 for i in order]})
     if args.json:
         print(json.dumps(results, indent=2))
     else:

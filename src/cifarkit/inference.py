@@ -238,12 +238,27 @@ class Classifier:
     def predict_label(self, image) -> str:
         return self.classes[self.predict(image)]
 
+    def prediction(self, image, k: int = 5) -> dict:
+        """The answer `cifarkit predict --json` and the HTTP API give for one image (see `prediction`)."""
+        if not 1 <= k <= len(self.classes):
+            raise ValueError(f"k must be between 1 and {len(self.classes)}, got {k}")
+        probabilities = self.predict_proba(image)
+        return prediction(probabilities, np.argsort(-probabilities, kind="stable"), self.classes, k)
+
     def topk(self, image, k: int = 5) -> list[tuple[str, float]]:
         if not 1 <= k <= len(self.classes):
             raise ValueError(f"k must be between 1 and {len(self.classes)}, got {k}")
         proba = self.predict_proba(image)
         order = np.argsort(-proba)[:k]
         return [(self.classes[i], float(proba[i])) for i in order]
+
+
+def prediction(probabilities, ranked, classes, k: int) -> dict:
+    """One image's answer, the same in the Python API, `cifarkit predict --json` and HTTP: the best class's `label`,
+    `class_index` (0-9) and `confidence`, and as `topk` the `k` best classes with the same three keys, best first.
+    `ranked`: the class indices by falling probability."""
+    best = [{"label": classes[i], "class_index": int(i), "confidence": float(probabilities[i])} for i in ranked[:k]]
+    return {**best[0], "topk": best}
 
 
 class _Standardized(torch.nn.Module):

@@ -45,7 +45,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cifarkit import __version__, backends, preprocess
 from cifarkit.errors import CifarkitError
-from cifarkit.inference import Classifier, release_dir
+from cifarkit.inference import Classifier, prediction, release_dir
 
 log = logging.getLogger(__name__)
 
@@ -357,12 +357,11 @@ def _topk(text: str | None) -> int:
     return int(text)
 
 
-def _answer(index: int, scores: tuple[list[float], list[int]], classes, topk: int, filename: str | None) -> dict:
-    """One image's answer from its class probabilities and their ranking, best first."""
+def _answer(position: int, scores: tuple[list[float], list[int]], classes, topk: int, filename: str | None) -> dict:
+    """One image's answer (inference.prediction) from its class probabilities and their ranking, best first, with
+    its position in the request."""
     probabilities, ranked = scores
-    best = ranked[0]
-    answer = {"index": index, "label": classes[best], "class_index": best, "confidence": probabilities[best],
-              "topk": [{"label": classes[i], "confidence": probabilities[i]} for i in ranked[:topk]]}
+    answer = {"position": position, **prediction(probabilities, ranked, classes, topk)}
     if filename is not None:
         answer["filename"] = filename
     return answer
@@ -519,12 +518,12 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
                                 f"or raise `cifarkit serve --timeout-s`") from None
         classes = models[name].classifier.classes
         answers = []
-        for index, ((filename, _), outcome) in enumerate(zip(files, outcomes)):
+        for position, ((filename, _), outcome) in enumerate(zip(files, outcomes)):
             if isinstance(outcome, _Refused):
-                answers.append({"index": index, "filename": filename,
+                answers.append({"position": position, "filename": filename,
                                 "error": {"status": outcome.status, "detail": outcome.detail}})
             else:
-                answers.append(_answer(index, outcome, classes, topk, filename if named else None))
+                answers.append(_answer(position, outcome, classes, topk, filename if named else None))
         failed = sum("error" in answer for answer in answers)
         metrics.images.labels(name, "ok").inc(len(answers) - failed)
         metrics.images.labels(name, "refused").inc(failed)
@@ -621,11 +620,13 @@ _PREDICT_DOC = {"parameters": [
     "image/*": {"schema": {"type": "string", "format": "binary"}}}}}
 _ERROR = {"content": {"application/json": {"example": {"detail": "what went wrong, and what to do"}}}}
 _PREDICT_RESPONSES = {
-    200: {"description": "One entry per image, in order; in a multipart request, a bad image has an `error` "
-                         "entry instead of a label", "content": {"application/json": {"example": {
+    200: {"description": "One entry per image, in order, `position` its place in the request (from 0); the class "
+                         "is `label` and `class_index` (0-9), as in `cifarkit predict --json` and "
+                         "`Classifier.prediction`; in a multipart request, a bad image has an `error` entry instead "
+                         "of a label", "content": {"application/json": {"example": {
                              "model": "B", "weights_sha256": "...", "predictions": [{
-                                 "index": 0, "label": "cat", "class_index": 3, "confidence": 0.93,
-                                 "topk": [{"label": "cat", "confidence": 0.93}]}]}}}},
+                                 "position": 0, "label": "cat", "class_index": 3, "confidence": 0.93,
+                                 "topk": [{"label": "cat", "class_index": 3, "confidence": 0.93}]}]}}}},
     401: {"description": "CIFARKIT_API_KEY is set and the request lacks it", **_ERROR},
     404: {"description": "no such model is loaded", **_ERROR},
     413: {"description": "the body is over --max-body-mb", **_ERROR},
