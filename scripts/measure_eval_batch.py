@@ -5,7 +5,7 @@ write results/eval-batch-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS
     python scripts/measure_eval_batch.py --batch-sizes 128 256 1000 --rounds 3
 
 The batch sizes take turns within each round (ABAB...), so drift on a shared machine falls on every size alike; the
-median over rounds is kept. engine.CPU_EVAL_BATCH is chosen from these tables. Run it alone.
+median over rounds is kept. engine.EVAL_BATCH_CPU is chosen from these tables. Run it alone.
 """
 from __future__ import annotations
 

@@ -169,13 +169,13 @@ def test_env_command(capsys):
 
 
 def test_the_cpu_evaluates_in_batches_of_its_own_size():
-    """Batches that stay in a CPU's caches (engine.EVAL_BATCH, chosen from results/eval-batch-*.json)."""
-    from cifarkit.engine import EVAL_BATCH, evaluate
+    """Batches that stay in a CPU's caches (engine.EVAL_BATCH_CPU, chosen from results/eval-batch-*.json)."""
+    from cifarkit.engine import EVAL_BATCH_CPU, evaluate
     seen = []
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
     model.register_forward_hook(lambda module, inputs, output: seen.append(len(inputs[0])))
     images = torch.zeros(600, 3, 32, 32, dtype=torch.uint8)
     evaluate(model, images, torch.zeros(600, dtype=torch.long), (0.5,) * 3, (0.25,) * 3, torch.device("cpu"),
              device.PRECISIONS["fp32"])
-    size = EVAL_BATCH["cpu"]
+    size = EVAL_BATCH_CPU
     assert seen == [size] * (600 // size) + [600 % size]

@@ -200,11 +200,11 @@ def _check_finite(loss_sum: torch.Tensor, step: int) -> None:
         raise DivergenceError(step)
 
 
-# Images per evaluation batch, by device type. A CPU evaluates faster in batches that stay in its caches: 256 was as
-# fast as 1000 or faster for every model and thread count measured (results/eval-batch-*.json). A GPU keeps large
-# batches, which launch fewer kernels.
-EVAL_BATCH = {"cpu": 256}
-EVAL_BATCH_ELSEWHERE = 1000
+# Images per evaluation batch. A CPU evaluates faster in batches that stay in its caches: 256 was as fast as 1000 or
+# faster for every model and thread count measured (results/eval-batch-*.json). A GPU keeps large batches, which
+# launch fewer kernels.
+EVAL_BATCH_CPU = 256
+EVAL_BATCH_ACCELERATOR = 1000
 TTA_PLAIN_WEIGHT = 0.25  # the image itself; its mirror the same, each of the four shifted views half that
 
 
@@ -230,9 +230,9 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
     """Loss, accuracy and the predicted class of every image, on uint8 images held anywhere. With `tta_share` < 1,
     only that share of the images, the least confident under the single view, gets the other TTA views; the rest
     keep their single view's logits. `progress` names a progress bar, shown on a terminal only. `batch_size`:
-    EVAL_BATCH's for the device by default."""
+    EVAL_BATCH_CPU or EVAL_BATCH_ACCELERATOR by default."""
     model.eval()
-    batch_size = batch_size or EVAL_BATCH.get(device.type, EVAL_BATCH_ELSEWHERE)
+    batch_size = batch_size or (EVAL_BATCH_CPU if device.type == "cpu" else EVAL_BATCH_ACCELERATOR)
     view_args = dict(model=model, mean=mean, std=std, device=device, precision=precision, batch_size=batch_size,
                      channels_last=channels_last, progress=progress)
     if not tta or tta_share >= 1.0:

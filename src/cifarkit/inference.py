@@ -246,11 +246,7 @@ class Classifier:
         return prediction(probabilities, np.argsort(-probabilities, kind="stable"), self.classes, k)
 
     def topk(self, image, k: int = 5) -> list[tuple[str, float]]:
-        if not 1 <= k <= len(self.classes):
-            raise ValueError(f"k must be between 1 and {len(self.classes)}, got {k}")
-        proba = self.predict_proba(image)
-        order = np.argsort(-proba)[:k]
-        return [(self.classes[i], float(proba[i])) for i in order]
+        return [(best["label"], best["confidence"]) for best in self.prediction(image, k)["topk"]]
 
 
 def prediction(probabilities, ranked, classes, k: int) -> dict:

@@ -41,7 +41,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.auto import AutoHTTPProtocol  # httptools' protocol where installed, else h11's
 
 from cifarkit import __version__, backends, preprocess
 from cifarkit.errors import CifarkitError
@@ -698,15 +698,6 @@ def _with_read_deadline(protocol: type, seconds: float) -> type:
     return ReadDeadline
 
 
-def _http_protocol() -> type:
-    """The protocol class uvicorn's "auto" picks: httptools' where it is installed, else h11's."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-        return HttpToolsProtocol
-    except ImportError:
-        return H11Protocol
-
-
 def serve(names: list[str], host: str = LOOPBACK, port: int = 8000, settings: ServeSettings | None = None,
           access_log: bool = False) -> None:
     """Load and verify the models, bind, warm them, say where it is ready, and serve until SIGTERM or Ctrl-C, which
@@ -721,7 +712,7 @@ def serve(names: list[str], host: str = LOOPBACK, port: int = 8000, settings: Se
                     "" if settings.api_key else f"; set {API_KEY_ENV} to require a key")
     config = uvicorn.Config(create_app(models, settings), log_level="warning", access_log=access_log,
                             timeout_graceful_shutdown=int(settings.timeout_s) + 1, lifespan="on",
-                            http=_with_read_deadline(_http_protocol(), settings.read_timeout_s),
+                            http=_with_read_deadline(AutoHTTPProtocol, settings.read_timeout_s),
                             proxy_headers=False)  # no proxy in front by default: X-Forwarded-* are not trusted
     server = uvicorn.Server(config)
 
