@@ -1,26 +1,44 @@
-"""Time the published airbench94 next to `cifarkit train --recipe fast` on this machine, and write the ratio.
+"""Time `cifarkit train --recipe fast` against the published airbench speedruns on this machine, and write the ratios.
 
-    python scripts/compare_reference.py                       # 1 run of each, interleaved
-    python scripts/compare_reference.py --runs 3 --json results/compare-reference.json
+    curl -LO https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py
+    python scripts/compare_reference.py --muon airbench94_muon.py --runs 3 --json results/compare-reference-avx2.json
 
-The reference is the public package airbench==0.1.8 (lib_airbench94: 9.9 epochs, batch 1024, Nesterov SGD,
-lookahead, TTA level 2), installed at run time into a temporary venv that sees this environment's torch through a
-.pth file. Its code is written for CUDA in fp16. It is adapted here, at run time, to the device and dtype alone, as
-cifarkit's own CPU path runs: tensors and modules stay on the CPU in fp32 (`.cuda()` and `.half()` do nothing), the
-net's forward passes run under bf16 autocast and return fp32 logits, and torch.cuda's timing events read the host
-clock. Autocast covers the forward passes only, as in cifarkit: around the whole run it would also compute the
-whitening filters' patch covariance in bf16, whose rounding makes eigenvalues negative and the filters NaN (seen
-here: 10% accuracy). Its data is this machine's
-CIFAR-10 cache, written as the train.pt / test.pt files its loader reads first. Nothing of its code is in this
-repository.
+The references, strongest first:
+- airbench94_muon (Jordan, 2024-10: Muon on the conv filters, 8 epochs, batch 2000), whose recipe `fast` adopted.
+  It is one file in the public repository github.com/KellerJordan/cifar10-airbench, not a package: download it as
+  above and give its path to `--muon`. None of its code is in this repository; the results record its sha256.
+- airbench94 (airbench==0.1.8's lib_airbench94: 9.9 epochs, Nesterov SGD, lookahead), installed at run time into a
+  temporary venv that sees this environment's torch through a .pth file. `--references airbench94` runs it alone.
 
-Both sides are timed the same way: the wall clock of the whole process, from launch to exit, imports included;
-each process trains once and measures its test accuracy once, with TTA. The runs alternate, reference first, so a
-slow minute on this shared machine falls on both.
+The references are written for CUDA in fp16. Each runs here as cifarkit runs on this CPU, and differs in nothing else:
+- the CPU: `.cuda()` does nothing, `torch.load` maps to the CPU, CUDA's timing events read the host clock;
+- the machine's precision policy, cifarkit's `--precision auto`: fp32 weights, with the forward passes under bf16
+  autocast where the CPU computes bf16 natively and in fp32 elsewhere; Muon's Newton-Schulz iteration in bf16 where
+  bf16 is native and in fp32 elsewhere, on both sides (`optim.newton_schulz_dtype`). Autocast covers the forward passes
+  only, as in cifarkit: around the whole run it would also compute the whitening filters' patch covariance in bf16,
+  whose rounding makes eigenvalues negative and the filters NaN;
+- nothing compiled: `fast` does not compile by default, and airbench94_muon's `torch.compile` of its Newton-Schulz
+  function is bypassed (its plain function runs);
+- the same allocator, preloaded: tcmalloc where it is installed, else mimalloc from its wheel, as cifarkit's commands
+  do;
+- the test set read once, at the end: airbench94_muon's per-epoch test evaluation, only printed and outside its own
+  timer, is skipped, as `fast` evaluates only at the end;
+- the same data: this machine's CIFAR-10 cache, written as the train.pt / test.pt files their loaders read first.
+
+Test-time augmentation: the references evaluate 6 views of every test image (TTA level 2). `fast` as shipped gives
+its 5 extra views to the least confident quarter of the images (2.25 views per image); its weights are evaluated again
+after its process ends, untimed, with the same 6 views of every image, in its training precision.
+
+Two timers per run: the whole process, from launch to exit, imports included; and training alone, each side's own
+clock over its steps (cifarkit's `train_time_s`; a reference's CUDA-event timer, which also covers its whitening
+init, less its final TTA). Rounds alternate the order of the sides (A B, B A, A B, ...: ABBA for two sides), so a slow
+spell of this shared machine falls on all of them; the speed-up is the mean of the per-round ratios, with its 95%
+t-interval. Precision, allocator and threads are read from each timed process.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -30,23 +48,37 @@ import sysconfig
 import tempfile
 import time
 import venv
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = "airbench==0.1.8"
+MUON = "airbench94_muon"
+AIRBENCH94 = "airbench94"
+AIRBENCH94_PACKAGE = "airbench==0.1.8"
+MUON_URL = "https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py"
+MUON_NAMES = ("CifarNet", "CifarLoader", "Muon", "main", "evaluate", "zeropower_via_newtonschulz5")
+GOAL = 1.3  # issue 31: `fast` at least this many times as fast as airbench94_muon, at equal or better accuracy
 
-# The reference's process. It prints one JSON line: its test accuracy with TTA level 2, as the package evaluates it.
-DRIVER = r"""
+# What both reference processes do first: the CPU in place of CUDA, the machine's precision policy, and a record of
+# what the process really ran. argv: seed, data folder, precision (bf16 | fp32), Newton-Schulz dtype, then the
+# driver's own arguments.
+PRELUDE = r"""
 import json, sys, time
 import torch
 from torch import nn
 
-seed, data_dir = int(sys.argv[1]), sys.argv[2]
+seed, data_dir, precision, newton_schulz = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 torch.manual_seed(seed)
-# The device and dtype, adapted: nothing moves to CUDA or to fp16; bf16 autocast does the casting, as in cifarkit.
+observed = {"threads": torch.get_num_threads()}
 nn.Module.cuda = lambda self, *args, **kwargs: self
 nn.Module.half = lambda self: self
 torch.Tensor.half = lambda self, *args, **kwargs: self.float()
+load = torch.load
+torch.load = lambda *args, **kwargs: load(*args, **{**kwargs, "map_location": "cpu"})
+if newton_schulz == "float32":  # the one bf16 cast of airbench94_muon is its Newton-Schulz input
+    torch.Tensor.bfloat16 = lambda self, *args, **kwargs: self.to(torch.float32, copy=True)
+
+timed_s = 0.0  # the reference's own timer: the sum of its CUDA-event intervals
 
 class HostEvent:  # torch.cuda.Event(enable_timing=True) on the host clock
     def __init__(self, *args, **kwargs):
@@ -54,54 +86,135 @@ class HostEvent:  # torch.cuda.Event(enable_timing=True) on the host clock
     def record(self, *args):
         self.at = time.perf_counter()
     def elapsed_time(self, end):
+        global timed_s
+        timed_s += end.at - self.at
         return 1e3 * (end.at - self.at)
 
 torch.cuda.Event, torch.cuda.synchronize = HostEvent, lambda *args: None
 
+def in_precision(net):
+    # The forward passes in the machine's precision, returning fp32 logits as cifarkit's do.
+    forward = net.forward
+    def forward_in_precision(*args, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = forward(*args, **kwargs)
+        observed.setdefault("logits_dtype", str(logits.dtype).removeprefix("torch."))
+        return logits.float()
+    net.forward = forward_in_precision
+    return net
+
+def report(test_acc, train_time_s):
+    maps = open("/proc/self/maps").read()
+    observed["allocator"] = next((name for library, name in ALLOCATORS.items() if library in maps), "glibc")
+    print(json.dumps({"test_acc": test_acc, "train_time_s": train_time_s, **observed}))
+"""
+
+# airbench94_muon, loaded from the user's copy (argv[5]) and run once through its own main(), in its data folder.
+MUON_DRIVER = r"""
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("airbench94_muon", sys.argv[5])
+muon = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(muon)
+compiled = muon.zeropower_via_newtonschulz5
+plain = getattr(compiled, "_torchdynamo_orig_callable", None) or compiled.__wrapped__
+
+def newton_schulz(*args, **kwargs):
+    update = plain(*args, **kwargs)
+    observed.setdefault("newton_schulz_dtype", str(update.dtype).removeprefix("torch."))
+    return update
+
+muon.zeropower_via_newtonschulz5 = newton_schulz
+muon.print_training_details = lambda variables, is_final_entry: None
+evaluate, trained = muon.evaluate, {}
+
+def evaluate_at_end(model, loader, tta_level=0):
+    if tta_level == 0:  # the per-epoch evaluation, printed only: skipped
+        return float("nan")
+    trained.setdefault("train_time_s", timed_s)  # its timer so far: whitening init and every training epoch
+    return evaluate(model, loader, tta_level)
+
+muon.evaluate = evaluate_at_end
+os.chdir(data_dir)  # its loaders read cifar10/train.pt and cifar10/test.pt
+model = in_precision(muon.CifarNet().to(memory_format=torch.channels_last))
+test_acc = muon.main(seed, model)
+report(test_acc, trained["train_time_s"])
+"""
+
+# airbench94 from the package: train94 without printing (so without per-epoch evaluation), then its TTA level 2.
+AIRBENCH94_DRIVER = r"""
+import os
 import airbench
 from airbench import lib_airbench94, utils
 
 class CpuLoader(utils.CifarLoader):  # its data on the CPU, from the train.pt / test.pt written for it
     def __init__(self, path, *args, **kwargs):
         kwargs["gpu"] = "cpu"
-        super().__init__(data_dir, *args, **kwargs)
-
-def make_net():  # its net, whose forward passes run under bf16 autocast and return fp32 logits, as cifarkit's do
-    net = lib_airbench94.make_net94()
-    forward = net.forward
-    def autocast_forward(inputs):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return forward(inputs).float()
-    net.forward = autocast_forward
-    return net
+        super().__init__(os.path.join(data_dir, "cifar10"), *args, **kwargs)
 
 utils.CifarLoader = lib_airbench94.CifarLoader = CpuLoader
-model = lib_airbench94.train94(make_net=make_net, verbose=False)
-accuracy = airbench.evaluate(model, CpuLoader(None, train=False, batch_size=2000), tta_level=2)
-print(json.dumps({"test_acc": accuracy}))
+model = lib_airbench94.train94(make_net=lambda: in_precision(lib_airbench94.make_net94()), verbose=False)
+train_time_s = timed_s
+test_acc = airbench.evaluate(model, CpuLoader(None, train=False, batch_size=2000), tta_level=2)
+report(test_acc, train_time_s)
 """
 
 
+def round_orders(sides: list[str], rounds: int) -> list[list[str]]:
+    """The order of the sides in each round, reversed every other round: A B, B A, A B, ... (ABBA for two sides)."""
+    return [list(sides) if r % 2 == 0 else list(reversed(sides)) for r in range(rounds)]
+
+
+def ratio_statistics(ratios: list[float]) -> dict:
+    """Mean of per-round ratios with its 95% t-interval (None for fewer than 2 rounds)."""
+    from scipy import stats
+    mean = statistics.fmean(ratios)
+    if len(ratios) < 2:
+        return {"per_round": ratios, "mean": mean, "ci95": None}
+    half = stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / len(ratios) ** 0.5
+    return {"per_round": ratios, "mean": mean, "ci95": [mean - half, mean + half]}
+
+
+def check_muon_file(path: str | None) -> Path:
+    """The user's copy of airbench94_muon.py, or an error that says how to get it."""
+    fetch = f"download it with `curl -LO {MUON_URL}` and pass --muon airbench94_muon.py"
+    if path is None:
+        sys.exit(f"airbench94_muon is the first reference and is not a package: {fetch} (or run "
+                 f"--references {AIRBENCH94} alone)")
+    file = Path(path)
+    if not file.is_file():
+        sys.exit(f"--muon {path}: no such file; {fetch}")
+    text = file.read_text(errors="replace")
+    missing = [name for name in MUON_NAMES if f"def {name}" not in text and f"class {name}" not in text]
+    if missing:
+        sys.exit(f"--muon {path} does not look like airbench94_muon.py (no {', '.join(missing)}); {fetch}")
+    return file
+
+
 def reference_python(folder: Path) -> Path:
-    """A venv in `folder` with the reference installed; this environment's packages (torch) visible through a .pth."""
+    """A venv in `folder` with airbench94's package installed; this environment's packages (torch) visible."""
     venv.create(folder, with_pip=True)
     python = folder / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     (Path(purelib) / "cifarkit-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", REFERENCE], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", AIRBENCH94_PACKAGE], check=True)
     return python
 
 
-def write_reference_data(folder: Path) -> None:
-    """CIFAR-10 from cifarkit's cache in the layout the reference's loader reads before it would download."""
+def write_reference_data(folder: Path, subset: int | None) -> None:
+    """CIFAR-10 from cifarkit's cache in the layout the references' loaders read before they would download:
+    N x 32 x 32 x 3 uint8, as torchvision's CIFAR10.data holds them. `subset`: that many training images,
+    class-balanced, as cifarkit's --subset draws them."""
     import torch
 
     from cifarkit import data
     dataset = data.load()
-    for name, images, labels in (("train.pt", dataset.train_x, dataset.train_y),
-                                 ("test.pt", dataset.test_x, dataset.test_y)):
-        # Its loader expects N x 32 x 32 x 3 uint8, as torchvision's CIFAR10.data holds them.
+    train_x, train_y = dataset.train_x, dataset.train_y
+    if subset:
+        chosen = data.balanced_indices(train_y, subset, torch.Generator().manual_seed(0))
+        train_x, train_y = train_x[chosen], train_y[chosen]
+    folder.mkdir(parents=True)
+    for name, images, labels in (("train.pt", train_x, train_y), ("test.pt", dataset.test_x, dataset.test_y)):
         torch.save({"images": images.permute(0, 2, 3, 1).contiguous(), "labels": labels,
                     "classes": list(data.CLASSES)}, folder / name)
 
@@ -115,66 +228,151 @@ def timed(command: list[str], env: dict) -> tuple[float, str]:
     return seconds, done.stdout
 
 
+def six_view_accuracy(run_dir: Path, precision_name: str) -> float:
+    """The test accuracy of a run's weights with 6 views of every image, the references' TTA, in `precision_name`."""
+    import torch
+
+    from cifarkit import checkpoint, data, device
+    from cifarkit.engine import evaluate
+    model, meta = checkpoint.load_weights(run_dir / "model.safetensors")
+    cpu = torch.device("cpu")
+    dataset = data.load()
+    result = evaluate(model.to(memory_format=torch.channels_last), dataset.test_x, dataset.test_y, meta["mean"],
+                      meta["std"], cpu, device.PRECISIONS[precision_name], tta=True, tta_share=1.0)
+    return result["acc"]
+
+
+def cifarkit_run(recipe: str, seed: int, subset: int | None, folder: Path, env: dict) -> dict:
+    import yaml
+    command = [sys.executable, "-m", "cifarkit", "train", "--recipe", recipe, "--seed", str(seed), "--out",
+               str(folder)] + (["--subset", str(subset)] if subset else [])
+    seconds, _ = timed(command, env)
+    summary = json.loads((folder / "summary.json").read_text())
+    run = yaml.safe_load((folder / "config.yaml").read_text())["run"]
+    return {"seed": seed, "wall_time_s": seconds, "train_time_s": summary["train_time_s"],
+            "test_acc": summary["test_acc"], "test_acc_6_views": six_view_accuracy(folder, summary["precision"]),
+            "precision": summary["precision"], "newton_schulz_dtype": run.get("newton_schulz_dtype"),
+            "allocator": run["allocator"], "threads": run["threads"]}
+
+
+def side_summary(runs: list[dict], with_six_views: bool) -> dict:
+    from cifarkit.speedrun import statistics_against
+    summary = {"accuracy": statistics_against([r["test_acc"] for r in runs], 0.94),
+               "wall_time_s": statistics.fmean(r["wall_time_s"] for r in runs),
+               "train_time_s": statistics.fmean(r["train_time_s"] for r in runs), "runs": runs}
+    if with_six_views:
+        summary["accuracy_6_views"] = statistics_against([r["test_acc_6_views"] for r in runs], 0.94)
+    return summary
+
+
+def print_table(result: dict) -> None:
+    ours = result["cifarkit"]
+    print("| side | runs | test acc (its TTA) | test acc (6 views) | whole process | training | speed-up, whole "
+          "(95% CI) | speed-up, training (95% CI) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| cifarkit {result['recipe']} | {ours['accuracy']['n']} | {100 * ours['accuracy']['mean']:.2f}% | "
+          f"{100 * ours['accuracy_6_views']['mean']:.2f}% | {ours['wall_time_s']:.1f} s | {ours['train_time_s']:.1f} s"
+          f" | | |")
+    for name, side in result["references"].items():
+        cells = []
+        for timer in ("whole_process", "training"):
+            ratio = side["speedup"][timer]
+            interval = f" ({ratio['ci95'][0]:.2f}-{ratio['ci95'][1]:.2f})" if ratio["ci95"] else ""
+            cells.append(f"{ratio['mean']:.2f}x{interval}")
+        print(f"| {name} | {side['accuracy']['n']} | | {100 * side['accuracy']['mean']:.2f}% | "
+              f"{side['wall_time_s']:.1f} s | {side['train_time_s']:.1f} s | {cells[0]} | {cells[1]} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=1, help="runs of each side, alternating (default: 1)")
-    parser.add_argument("--first-seed", type=int, default=0, help="seed of the first run of each side (default: 0)")
+    parser.add_argument("--muon", help="path of a local copy of airbench94_muon.py (see above for how to get it)")
+    parser.add_argument("--references", nargs="+", choices=[MUON, AIRBENCH94], default=[MUON, AIRBENCH94],
+                        help=f"which references to run (default: {MUON} {AIRBENCH94})")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each side, in alternating rounds (default: 3)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seed of the first round (default: 0)")
     parser.add_argument("--recipe", default="fast", help="cifarkit's side (default: fast)")
+    parser.add_argument("--subset", type=int, help="train every side on this many images: a check that everything "
+                                                   "runs, not a comparison")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
+    muon_file = check_muon_file(args.muon) if MUON in args.references else None
+    if args.runs < 1:
+        sys.exit(f"--runs {args.runs}: give 1 or more (3 or more for a confidence interval worth reading)")
 
-    from cifarkit import allocator, device
+    import torch
+
+    from cifarkit import allocator, backends, device, optim
     from cifarkit.files import portable, write_json
-    from cifarkit.speedrun import statistics_against
+    cpu = torch.device("cpu")
+    precision = device.pick_precision("auto", cpu).name
+    newton_schulz = str(optim.newton_schulz_dtype(cpu)).removeprefix("torch.")
+    library = allocator.find() or allocator.find_mimalloc()
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.TRIED)}
+    reference_env = dict(env)
+    if library is not None:  # what cifarkit's own restart preloads, with its settings
+        reference_env.update({**(allocator.MIMALLOC_SETTINGS if "mimalloc" in library.name else {}),
+                              "LD_PRELOAD": str(library)})
+    sides = ["cifarkit", *args.references]
+    orders = round_orders(sides, args.runs)
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="cifarkit-reference-") as scratch:
         scratch = Path(scratch)
-        print(f"installing {REFERENCE} into a temporary venv", file=sys.stderr)
-        python = reference_python(scratch / "venv")
-        (scratch / "data").mkdir()
-        write_reference_data(scratch / "data")
-        (scratch / "driver.py").write_text(DRIVER)
-        # Both sides on the same allocator: cifarkit preloads tcmalloc when it is installed, so the reference does too.
-        library = allocator.find()
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.TRIED)}
-        reference_env = {**env, "LD_PRELOAD": str(library)} if library else env
-        runs = {"reference": [], "cifarkit": []}
-        for seed in range(args.first_seed, args.first_seed + args.runs):
-            seconds, out = timed([str(python), str(scratch / "driver.py"), str(seed), str(scratch / "data")],
-                                 reference_env)
-            runs["reference"].append({"seed": seed, "wall_time_s": seconds,
-                                      "test_acc": json.loads(out.strip().splitlines()[-1])["test_acc"]})
-            print(f"reference seed {seed}: {100 * runs['reference'][-1]['test_acc']:.2f}% in {seconds:.1f} s",
-                  file=sys.stderr)
-            folder = scratch / f"cifarkit-{seed}"
-            seconds, _ = timed([sys.executable, "-m", "cifarkit", "train", "--recipe", args.recipe, "--set",
-                                f"train.seed={seed}", "--out", str(folder)], env)
-            summary = json.loads((folder / "summary.json").read_text())
-            runs["cifarkit"].append({"seed": seed, "wall_time_s": seconds, "test_acc": summary["test_acc"],
-                                     "train_time_s": summary["train_time_s"]})
-            print(f"cifarkit {args.recipe} seed {seed}: {100 * summary['test_acc']:.2f}% in {seconds:.1f} s",
-                  file=sys.stderr)
+        write_reference_data(scratch / "data" / "cifar10", args.subset)
+        prelude = f"ALLOCATORS = {allocator.NAMES!r}\n" + PRELUDE
+        pythons, drivers = {}, {}
+        if MUON in sides:
+            pythons[MUON] = Path(sys.executable)
+            drivers[MUON] = (scratch / "muon_driver.py", MUON_DRIVER, [str(muon_file.resolve())])
+        if AIRBENCH94 in sides:
+            print(f"installing {AIRBENCH94_PACKAGE} into a temporary venv", file=sys.stderr)
+            pythons[AIRBENCH94] = reference_python(scratch / "venv")
+            drivers[AIRBENCH94] = (scratch / "airbench94_driver.py", AIRBENCH94_DRIVER, [])
+        for path, body, _ in drivers.values():
+            path.write_text(prelude + body)
+        for number, order in enumerate(orders):
+            seed = args.first_seed + number
+            for side in order:
+                if side == "cifarkit":
+                    row = cifarkit_run(args.recipe, seed, args.subset, scratch / f"cifarkit-{seed}", env)
+                else:
+                    path, _, extra = drivers[side]
+                    seconds, out = timed([str(pythons[side]), str(path), str(seed), str(scratch / "data"), precision,
+                                          newton_schulz, *extra], reference_env)
+                    row = {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
+                runs[side].append(row)
+                print(f"round {number + 1}/{len(orders)}, {side} seed {seed}: {100 * row['test_acc']:.2f}%, "
+                      f"{row['wall_time_s']:.1f} s whole, {row['train_time_s']:.1f} s training", file=sys.stderr)
 
-    sides = {name: {"accuracy": statistics_against([r["test_acc"] for r in rows], 0.94),
-                    "wall_time_s": statistics.fmean(r["wall_time_s"] for r in rows), "runs": rows}
-             for name, rows in runs.items()}
-    ratio = sides["reference"]["wall_time_s"] / sides["cifarkit"]["wall_time_s"]
-    print("| | runs | mean test acc (TTA) | mean wall time, whole process |\n|---|---:|---:|---:|")
-    for name, label in (("reference", f"airbench94 ({REFERENCE}), CPU, bf16 autocast"),
-                        ("cifarkit", f"cifarkit train --recipe {args.recipe}")):
-        side = sides[name]
-        print(f"| {label} | {side['accuracy']['n']} | {100 * side['accuracy']['mean']:.2f}% | "
-              f"{side['wall_time_s']:.1f} s |")
-    print(f"cifarkit is {ratio:.2f}x as fast as the reference, whole process against whole process")
+    ours = runs["cifarkit"]
+    references = {}
+    for name in args.references:
+        side = side_summary(runs[name], with_six_views=False)
+        side["speedup"] = {timer: ratio_statistics([theirs[key] / mine[key] for theirs, mine in zip(runs[name], ours)])
+                           for timer, key in (("whole_process", "wall_time_s"), ("training", "train_time_s"))}
+        side["source"] = (f"{muon_file.name}, sha256 {hashlib.sha256(muon_file.read_bytes()).hexdigest()}"
+                          if name == MUON else AIRBENCH94_PACKAGE)
+        references[name] = side
+    result = {
+        "command": "python scripts/compare_reference.py " + " ".join(
+            ([f"--muon {muon_file.name}"] if muon_file else []) + [f"--references {' '.join(args.references)}",
+             f"--runs {args.runs}", f"--first-seed {args.first_seed}", f"--recipe {args.recipe}"]
+            + ([f"--subset {args.subset}"] if args.subset else []) + ([f"--json {portable(args.json)}"]
+                                                                       if args.json else [])),
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": backends.cpu_kind(),
+        "recipe": args.recipe, "subset": args.subset, "precision_policy": precision,
+        "newton_schulz_dtype": newton_schulz, "preloaded_by_all": library.name if library else None,
+        "orders": orders, "timers": {"whole_process": "launch to exit, imports included",
+                                     "training": "each side's own clock over its training steps"},
+        "cifarkit": side_summary(ours, with_six_views=True), "references": references,
+        "environment": device.report(cpu)}
+    print_table(result)
+    if MUON in references and not args.subset:
+        muon, mine = references[MUON], result["cifarkit"]
+        met = muon["speedup"]["whole_process"]["mean"] >= GOAL and \
+            mine["accuracy"]["mean"] >= muon["accuracy"]["mean"]
+        print(f"goal ({args.recipe} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
+              f"{'met' if met else 'not met'}")
     if args.json:
-        write_json(args.json, {
-            "command": f"python scripts/compare_reference.py --runs {args.runs} --first-seed {args.first_seed} "
-                       f"--recipe {args.recipe} --json {portable(args.json)}", "reference_package": REFERENCE,
-            "adaptation": "CPU instead of CUDA; fp32 weights under bf16 autocast instead of fp16 weights; host-clock "
-                          "timing events; data from cifarkit's cache",
-            "timer_covers": "the whole process, launch to exit, imports included; one training and one TTA test "
-                            "evaluation each",
-            "preloaded_by_both": library.name if library else None,
-            "speedup": ratio, **sides, "environment": device.report(device.pick_device("cpu"))})
+        write_json(args.json, result)
         print(f"wrote {args.json}")
 
 

@@ -1,3 +1,4 @@
+import importlib.util
 import io
 import json
 import os
@@ -25,6 +26,14 @@ FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
 FLOORS = json.loads((ROOT / "results" / "test-floors.json").read_text())
 # What each test file cost in a measured run of the suite (`python scripts/measure_test_durations.py`).
 DURATIONS = ROOT / "results" / "test-durations.json"
+
+
+def load_script(path: Path):
+    """A script of scripts/ as a module, to test its functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_collection_modifyitems(items):

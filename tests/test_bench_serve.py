@@ -4,7 +4,6 @@ from that JSON. And the client alone, against a stub server that drops connectio
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,18 +13,11 @@ from pathlib import Path
 import pytest
 
 from cifarkit import backends
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 SCRIPT = ROOT / "scripts" / "bench_serve.py"
 REQUESTS = 200
 LEVELS = (1, 8)
-
-
-def load_module(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +120,7 @@ def test_summary_table_and_portability(bench):
 
 def test_readme_block(bench, monkeypatch):
     _, _, out = bench
-    render = load_module(ROOT / "scripts" / "render_readme.py")
+    render = load_script(ROOT / "scripts" / "render_readme.py")
     monkeypatch.setattr(render, "RESULTS", out.parent / "missing")
     assert render.serve_block().startswith("Not measured yet")
     monkeypatch.setattr(render, "RESULTS", out.parent)
@@ -172,7 +164,7 @@ def test_client_counts_failures_and_reconnects():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        bench_serve = load_module(SCRIPT)
+        bench_serve = load_script(SCRIPT)
         result = bench_serve.load(f"http://127.0.0.1:{server.server_port}", "B", b"x" * 100, 103, 4)
     finally:
         server.shutdown()

@@ -195,7 +195,10 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     state = _build_state(recipe, loader, device, precision, memory_format, group)
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
                 "allocator": allocator.in_use(), "cpu_features": cpu_features(), "dataset_sha256": dataset.sha256,
-                "train_images": len(loader.images), "val_images": len(val[0])}
+                "train_images": len(loader.images), "val_images": len(val[0]), "threads": torch.get_num_threads()}
+    orthogonalize_dtype = getattr(state.optimizer, "orthogonalize_dtype", None)
+    if orthogonalize_dtype is not None:  # Muon's Newton-Schulz precision, which need not be the training precision
+        run_info["newton_schulz_dtype"] = str(orthogonalize_dtype).removeprefix("torch.")
     if group.distributed:
         run_info["processes"] = {"world_size": group.world_size, "backend": torch.distributed.get_backend(),
                                  "images_per_rank_per_step": cfg.batch_size // group.world_size}
