@@ -1,9 +1,10 @@
-"""Rewrite the README's generated blocks from the registry and from the measurement files in results/.
+"""Rewrite the generated blocks of README.md and docs/*.md from the registry and the measurement files in results/.
 
     python scripts/render_readme.py
 
-Each block sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->`; nothing else in the README is touched.
-The numbers come only from files that `cifarkit` commands wrote, so the README cannot drift from the evidence.
+Each block sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->`, in exactly one of those pages; nothing else
+in them is touched. The numbers come only from files that `cifarkit` commands wrote, so the pages cannot drift from
+the evidence.
 """
 from __future__ import annotations
 
@@ -28,6 +29,23 @@ def models_block() -> str:
     for name in models.names():
         model = models.create(name)
         lines.append(f"| `{name}` | {models.count_params(model):,} | {models.count_macs(model):,} |")
+    return "\n".join(lines)
+
+
+def contracts_block() -> str:
+    """The import rules of pyproject.toml's [tool.importlinter], which `lint-imports` checks in CI: one row each, with
+    the imports it still tolerates."""
+    import tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    lines = ["| rule | modules | may not import | tolerated for now |", "|---|---|---|---|"]
+    for contract in config["contracts"]:
+        if contract["type"] == "acyclic_siblings":
+            sources, forbidden = contract["ancestors"], ["one another in a cycle"]
+        else:
+            sources, forbidden = contract["source_modules"], contract["forbidden_modules"]
+        tolerated = "; ".join(f"`{rule}`" for rule in contract.get("ignore_imports", [])) or "none"
+        lines.append(f"| {contract['name']} | {', '.join(f'`{m}`' for m in sources)} | "
+                     f"{', '.join(f'`{m}`' for m in forbidden)} | {tolerated} |")
     return "\n".join(lines)
 
 
@@ -100,6 +118,19 @@ def cpu_kind_block() -> str:
                      f"{precision} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
                      f"{wall['mean'] / 60:.1f} min mean wall time | `cifarkit speedrun --recipe fast --runs {acc['n']}"
                      f"{overrides}` (`results/{path.name}`) |")
+    for path in sorted(RESULTS.glob("compare-reference*.json")):
+        compared = json.loads(path.read_text())
+        if "references" not in compared or compared["subset"]:  # the first form, or a check that the sides run
+            continue
+        ours = compared["cifarkit"]
+        against = "; ".join(f"{side['speedup']['whole_process']['mean']:.2f}x as fast as {name} (whole process, "
+                            f"{100 * side['accuracy']['mean']:.2f}% there)"
+                            for name, side in compared["references"].items())
+        lines.append(f"| {compared['cpu_kind']} | {compared['environment']['processor']} | `fast` training, "
+                     f"{compared['precision_policy']} | {100 * ours['accuracy']['mean']:.2f}% mean test accuracy "
+                     f"(n = {ours['accuracy']['n']}; {100 * ours['accuracy_6_views']['mean']:.2f}% with 6 TTA views), "
+                     f"{ours['wall_time_s'] / 60:.1f} min mean wall time; {against} | `{compared['command']}` "
+                     f"(`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("profile-ab-fast-*.json")):  # where no speed run was made on the kind yet
         ab = json.loads(path.read_text())
         after = ab["runs"]["after"]
@@ -197,10 +228,12 @@ def serve_block() -> str:
     lines = [f"Release {bench['model']} on {env['processor']} ({env['cpu_count']} cores, torch {env['torch']}, uvicorn "
              f"{env['versions']['uvicorn']}); {bench['requests_per_level']:,} requests per level, each a "
              f"{bench['image']['sent']} of {bench['image']['bytes']:,} bytes, from the script's own client on the same "
-             f"cores ({bench['client']['tool']}, one connection per concurrent client). Batched: up to {batching['max_batch']} images "
+             f"cores ({bench['client']['tool']}, one connection per concurrent client). Batched: up to "
+             f"{batching['max_batch']} images "
              f"per forward pass, waiting at most {batching['max_wait_ms']:g} ms for them; unbatched: one.", "",
              "| concurrency | batched req/s | unbatched req/s | ratio | p50 / p95 / p99 ms, batched | "
-             "p50 / p95 / p99 ms, unbatched | errors, batched / unbatched | mean batch |", "|---:|---:|---:|---:|---|---|---:|---:|"]
+             "p50 / p95 / p99 ms, unbatched | errors, batched / unbatched | mean batch |",
+             "|---:|---:|---:|---:|---|---|---:|---:|"]
     for level in servers["batched"]["levels"]:
         c, u = level["concurrency"], unbatched.get(level["concurrency"])
         ratio = "n/a" if ratios.get(c) is None else f"{ratios[c]:.2f}x"
@@ -373,19 +406,31 @@ BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedr
           "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block,
           "predict": predict_block, "serve": serve_block,
           "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
-          "containers": containers_block}
+          "containers": containers_block, "contracts": contracts_block}
+
+
+def pages() -> list[Path]:
+    """The pages that may hold generated blocks: the README, then the docs."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    texts = {page: page.read_text() for page in pages()}
     for name, render in BLOCKS.items():
         pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- {name}:begin --> ... <!-- {name}:end --> block")
-        text = pattern.sub(lambda m: m.group(1) + render() + "\n" + m.group(2), text)
-    write_text(readme, text)
-    print(f"rewrote {', '.join(BLOCKS)} in {readme}")
+        holders = [page for page, text in texts.items() if pattern.search(text)]
+        if len(holders) != 1:
+            found = ", ".join(page.relative_to(ROOT).as_posix() for page in holders) or "none of them"
+            raise SystemExit(f"the block <!-- {name}:begin --> ... <!-- {name}:end --> must be in exactly one of "
+                             f"README.md and docs/*.md; found in {found}")
+        page = holders[0]
+        block = render()
+        if page.parent.name == "docs":  # the blocks link results/ from the project's root
+            block = block.replace("](results/", "](../results/")
+        texts[page] = pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), texts[page])
+    for page, text in texts.items():
+        write_text(page, text)
+    print(f"rewrote {', '.join(BLOCKS)} in README.md and docs/")
 
 
 if __name__ == "__main__":

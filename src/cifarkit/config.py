@@ -16,7 +16,8 @@ from pathlib import Path
 import yaml
 
 from cifarkit.errors import CifarkitError
-from cifarkit.preprocess import MEAN as CIFAR10_MEAN, STD as CIFAR10_STD
+from cifarkit.preprocess import MEAN as CIFAR10_MEAN
+from cifarkit.preprocess import STD as CIFAR10_STD
 
 
 @dataclass
@@ -96,7 +97,7 @@ class TrainConfig:
     channels_last: bool = True
     compile: bool = False
     # Epochs the whitening layer's bias trains before it freezes (FastNet); None: it trains throughout. Frozen, the
-    # first convolution's input gradient is not needed, which made fast's steps 1.07x faster here.
+    # first convolution's input gradient is not needed, and steps get cheaper (docs/recipes-and-speed.md).
     whiten_bias_epochs: int | None = None
     # Train on the hardest fraction of each batch, as a small proxy model's loss ranks its images (airbench96's data
     # filtering; engine.HardestSelector); None: on every image. The proxy learns on one step in select_proxy_every.

@@ -4,7 +4,8 @@
 
 torchrun starts the processes and sets RANK, LOCAL_RANK and WORLD_SIZE in each; `init` joins them into one group
 (NCCL on CUDA, gloo on the CPU; `train.dist_backend` overrides it). Without those variables a run is one process and
-nothing here changes it. What a distributed run means (batches, randomness, BatchNorm, who writes) is in the README.
+nothing here changes it. What a distributed run means (batches, randomness, BatchNorm, who writes) is in
+docs/training.md.
 """
 from __future__ import annotations
 

@@ -150,8 +150,8 @@ class Classifier:
             # Autocast casts every fp32 weight to bf16 again on every forward pass (it caches the casts only of
             # weights that require grad): cast the layers it would cast, once. Autocast then meets the same bf16
             # weights it would have made, so the logits are the same bit for bit (tests/test_inference.py), and
-            # sooner: a forward pass of 64 images took 23-25 ms instead of 30-37 ms on this project's 2 cores. On a
-            # copy: the caller's model keeps its fp32 weights (`cifarkit release` measures every backend on one).
+            # sooner (docs/serving.md). On a copy: the caller's model keeps its fp32 weights (`cifarkit release`
+            # measures every backend on one).
             self.model = copy.deepcopy(self.model)
             for module in self.model.modules():
                 if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
@@ -274,11 +274,10 @@ class _Standardized(torch.nn.Module):
 def _traced(model: torch.nn.Module, device: torch.device, precision) -> torch.jit.ScriptModule:
     """The model as a TorchScript graph, traced on a sample batch: the same operations on the same weights (autocast's
     casts included), so the same logits bit for bit, for any batch size (tests/test_inference.py). What it buys is
-    the GIL: eager mode takes it back after every layer, and waits for it whenever another Python thread is busy.
-    A forward pass of 32 images by version B on one core of this project's CPU took 21 ms alone and 318 ms next to
-    a busy Python thread in eager mode; traced, 19 ms and 46 ms (scripts/measure_gil_stall.py, results/gil-stall.json).
-    A server's event loop is such a thread. (TorchScript is deprecated in favour of torch.export with AOTInductor,
-    which compiled C++ for 25 s here, and whose frozen graph changed the logits in their last bits.)"""
+    the GIL: eager mode takes it back after every layer, and waits for it whenever another Python thread is busy,
+    as a server's event loop is (results/gil-stall.json). TorchScript is deprecated in favour of torch.export with
+    AOTInductor, whose C++ compilation delays a server's start and whose frozen graph changed the logits in their
+    last bits (docs/serving.md)."""
     sample = torch.zeros(2, preprocess.SIZE, preprocess.SIZE, 3, dtype=torch.uint8, device=device)
     with warnings.catch_warnings(), torch.inference_mode(), autocast(device, precision, cache=False):
         warnings.filterwarnings("ignore", "`torch.jit.trace", FutureWarning)

@@ -1,0 +1,28 @@
+"""The README stays a newcomer's page and the docs hold the rest: the README's length, links that lead somewhere,
+and every generated block in exactly one page, the one scripts/render_readme.py rewrites."""
+import re
+
+import pytest
+
+from conftest import ROOT, load_script
+
+render = load_script(ROOT / "scripts" / "render_readme.py")
+PAGES = render.pages()
+README_MAX_LINES = 250  # issue 32: what it is, the quick start, one table, the commands, the links
+
+
+def test_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= README_MAX_LINES
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_lead_to_files(page):
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+    missing = [t for t in targets if "://" not in t and not (page.parent / t).exists()]
+    assert missing == []
+
+
+def test_every_block_is_in_exactly_one_page():
+    texts = [page.read_text() for page in PAGES]
+    counts = {name: sum(f"<!-- {name}:begin -->" in text for text in texts) for name in render.BLOCKS}
+    assert counts == {name: 1 for name in render.BLOCKS}
