@@ -427,6 +427,7 @@ def table(report: dict) -> str:
 def prepare_image(path: Path) -> tuple[bytes, dict]:
     """The body of every request: the image box-reduced to 32 x 32, as cifarkit's preprocessing reduces it, PNG."""
     from PIL import Image
+
     from cifarkit.files import portable
     with Image.open(path) as im:
         source = {"source": portable(path), "source_format": im.format, "source_size": list(im.size)}
@@ -441,6 +442,7 @@ def model_alone(model: str, backend: str) -> dict:
     it (traced, on its threads), at the batch sizes it runs: this machine's speed at the time of the run, the
     ceiling the server's req/s is to be read against."""
     import torch
+
     from cifarkit.inference import Classifier
     from cifarkit.serve import ServeSettings
     torch.set_num_threads(ServeSettings().model_threads())
@@ -478,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests, --max-batch and --concurrency must be at least 1, the others at least 0")
 
     from importlib.metadata import distributions
+
     from cifarkit.device import report as environment
     from cifarkit.files import portable, write_json
     common = ["--model", args.model, "--backend", args.backend, *shlex.split(args.serve_args)]

@@ -69,7 +69,8 @@ def main() -> int:
              "next_to_busy_thread_ms": round(contended[mode], 2)} for mode, classifier in classifiers.items()]
     print(f"| {args.model}, batch 32, 1 thread | alone | next to a busy Python thread |\n|---|---:|---:|")
     for row in rows:
-        print(f"| {row['mode']} ({row['backend']}) | {row['alone_ms']:.1f} ms | {row['next_to_busy_thread_ms']:.1f} ms |")
+        print(f"| {row['mode']} ({row['backend']}) | {row['alone_ms']:.1f} ms | "
+              f"{row['next_to_busy_thread_ms']:.1f} ms |")
     write_json(args.out, {"command": "python scripts/measure_gil_stall.py", "model": args.model, "batch_size": 32,
                           "threads": 1, "passes": args.passes, "environment": device.report(torch.device("cpu")),
                           "rows": rows})

@@ -160,7 +160,7 @@ def test_a_release_card_says_what_the_run_and_its_speedrun_did(released, run_dir
                             (True, "with mirror + 1-pixel-shift TTA, as the recipe evaluates")):
         run_config["train"]["tta"] = tta
         report = speedrun_report(tmp_path / "speedrun.json", overrides + [f"train.tta={tta}"])
-        spread = release._speedrun_stats(report, run_config)
+        spread = release.speedrun_figures(report, run_config)
         card = release.model_card({**metrics, "speedrun": spread}, config)
         assert f"Over 2 seeds of the same recipe ({evaluation}): mean 31.00%, std 1.00." in card
 

@@ -1,6 +1,5 @@
 """The command line as a newcomer meets it: one line for every problem, with its exit code, a status line for every
 long step, help for every option. Each case goes through the real `cifarkit` entry point."""
-import argparse
 import fcntl
 import json
 import logging
@@ -20,7 +19,7 @@ import torch
 import yaml
 
 from cifarkit import data, device, speedrun
-from cifarkit.cli import GRID_MAX, build_parser, main
+from cifarkit.cli import GRID_MAX, main, options
 from cifarkit.config import MAX_SEED, explain
 
 TINY = ["--recipe", "simplecnn", "--subset", "200", "--epochs", "1", "--batch-size", "50"]
@@ -232,23 +231,13 @@ def test_a_reader_that_stops_early_gets_no_traceback(cifar_home):
 
 # --- help and options -------------------------------------------------------------------------------------------
 
-def options_of(parser, name="cifarkit"):
-    """(command, option or argument, help) of every argument of every command, subcommands included."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for command, subparser in action.choices.items():
-                yield from options_of(subparser, f"{name} {command}")
-        else:
-            yield name, "/".join(action.option_strings) or action.dest, action.help
-
-
 def test_every_option_has_help():
-    assert [(command, option) for command, option, text in options_of(build_parser()) if not text] == []
+    assert [(command, option) for command, option, _, text in options() if not text] == []
 
 
 def test_speedrun_has_trains_shortcuts():
     by_command = {}
-    for command, option, _ in options_of(build_parser()):
+    for command, option, _, _ in options():
         by_command.setdefault(command, set()).add(option)
     assert {"--epochs", "--batch-size", "--lr", "--subset", "--device", "--precision", "--compile", "--set",
             "--recipe"} <= by_command["cifarkit speedrun"]

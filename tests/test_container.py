@@ -13,10 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 from packaging.requirements import Requirement
 
-from servers import running_server
-
 from cifarkit.cli import build_parser
 from conftest import ROOT
+from servers import running_server
 
 DOCKERFILES = ["Dockerfile", "Dockerfile.cuda"]
 

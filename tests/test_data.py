@@ -133,8 +133,8 @@ def test_an_unreadable_archive_is_a_permission_problem_not_corruption(synthetic_
     monkeypatch.setattr(tarfile, "open", denied)
     assert main(["data", "import", str(synthetic_archive)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == f"cifarkit: error: Permission denied: {synthetic_archive}; check its permissions, or use a path you " \
-                  f"may access"
+    assert err == (f"cifarkit: error: Permission denied: {synthetic_archive}; check its permissions, or use a path "
+                   f"you may access")
     assert not data.cache_path().exists()
 
 

@@ -14,7 +14,6 @@ from cifarkit.inference import SHIPPED
 from conftest import FIXTURE, ROOT
 
 
-
 def hub(entry: str, **kwargs):
     return torch.hub.load(str(ROOT), entry, source="local", **kwargs)
 

@@ -6,8 +6,8 @@ import torch
 from PIL import Image
 
 from cifarkit import Classifier, checkpoint, data, preprocess
-from cifarkit.inference import release_dir
 from cifarkit.cli import main
+from cifarkit.inference import release_dir
 from conftest import ROOT
 
 

@@ -262,11 +262,11 @@ def rename_then_die(source, destination):
     if Path(destination).name.endswith(".replaced"):
         os._exit(9)
 os.rename = rename_then_die
-release._exchange = lambda a, b: False
+release.exchange_paths = lambda a, b: False
 root = Path(sys.argv[1])
 staged = root / files.temp_name("version_T")
 shutil.copytree(sys.argv[2], staged)
-release._swap_into_place(staged, root / "version_T")
+release.swap_into_place(staged, root / "version_T")
 """
 
 
@@ -282,14 +282,15 @@ def test_a_release_killed_between_its_two_renames_is_restored(released, tmp_path
     loaded_root = tmp_path / "loaded"
     shutil.copytree(root, loaded_root)
     Classifier.load(loaded_root / "version_T", backend="torch-fp32")
-    assert (loaded_root / "version_T" / "model.safetensors").read_bytes() == (released / "model.safetensors").read_bytes()
+    loaded = (loaded_root / "version_T" / "model.safetensors").read_bytes()
+    assert loaded == (released / "model.safetensors").read_bytes()
 
     # So does the next release, which then clears the killed one's leftovers and replaces it through the fallback.
     monkeypatch.setenv("CIFARKIT_HOME", str(released.parent.parent / "home"))
     monkeypatch.delenv("CIFARKIT_DATA", raising=False)  # this home's cache, not the real archive
     monkeypatch.setattr(release, "INFERENCE_ROUNDS", 1)
     monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
-    monkeypatch.setattr(release, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(release, "exchange_paths", lambda a, b: False)
     run = released.parent.parent / "run"
     with pytest.raises(CifarkitError, match="already exists"):
         release.make_release(run, "T", root)
@@ -310,7 +311,7 @@ def test_exchange_swaps_two_folders_in_one_step(tmp_path):
     (tmp_path / "a" / "which").write_text("a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "which").write_text("b")
-    assert release._exchange(tmp_path / "a", tmp_path / "b")
+    assert release.exchange_paths(tmp_path / "a", tmp_path / "b")
     assert (tmp_path / "a" / "which").read_text() == "b" and (tmp_path / "b" / "which").read_text() == "a"
 
 

@@ -100,13 +100,13 @@ def test_force_replaces_a_release_atomically_saying_what_it_measures(released, t
     monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
     caplog.set_level(logging.INFO, logger="cifarkit")
     exchanges = []
-    exchange = release._exchange
+    exchange = release.exchange_paths
 
     def counted_exchange(a, b):
         exchanges.append(exchange(a, b))
         return exchanges[-1]
 
-    monkeypatch.setattr(release, "_exchange", counted_exchange)
+    monkeypatch.setattr(release, "exchange_paths", counted_exchange)
     run_dir = released.parent.parent / "run"
     assert main(["release", str(run_dir), "--name", "T", "--force", "--weights-dtype", weights_dtype]) == 0
     out = capsys.readouterr().out.splitlines()

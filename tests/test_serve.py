@@ -21,13 +21,12 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from servers import running_server
-
 from cifarkit import backends
-from cifarkit.cli import SERVE_SETTINGS, build_parser
+from cifarkit.cli import SERVE_SETTINGS, options
 from cifarkit.inference import Classifier
 from cifarkit.serve import ServeSettings
 from conftest import ROOT
+from servers import running_server
 
 IMAGES = ROOT / "examples" / "images"
 CAT = (IMAGES / "cat.png").read_bytes()
@@ -313,8 +312,7 @@ def test_bad_model_and_taken_port_are_one_line_errors(server):
 
 
 def test_help_states_the_settings_defaults():
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
-    helps = {action.dest: action.help for action in serve._actions}
+    helps = {dest: text for command, _, dest, text in options() if command == "cifarkit serve"}
     defaults = {f.name: f.default for f in fields(ServeSettings)}
     for name in SERVE_SETTINGS:
         stated = re.search(r"\(default: ([^)]*)\)", helps[name]).group(1)

@@ -24,8 +24,8 @@ from cifarkit import distributed, models
 from cifarkit.config import AugmentConfig, DataConfig, OptimConfig, ScheduleConfig
 from cifarkit.data import TrainLoader
 from cifarkit.device import configure, pick_precision, precision_problem
-from cifarkit.errors import CifarkitError
 from cifarkit.engine import ClassificationLoss, TrainState, evaluate, train_one_epoch
+from cifarkit.errors import CifarkitError
 from cifarkit.optim import build_optimizer, build_schedule
 
 MODES = {"fp32": ("fp32", False), "fp32+cl": ("fp32", True), "bf16+cl": ("bf16", True), "fp16+cl": ("fp16", True)}
@@ -157,7 +157,8 @@ TRAIN_IMAGES = 50_000  # an epoch of CIFAR-10, for the epoch time a rate implies
 
 
 def amp_mode(device: torch.device) -> str | None:
-    """The MODES entry of the precision `train` picks on `device` by default (channels-last), or None if that is fp32."""
+    """The MODES entry of the precision `train` picks on `device` by default (channels-last), or None if that is
+    fp32."""
     precision = pick_precision("auto", device).name
     return None if precision == "fp32" else f"{precision}+cl"
 

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import safetensors.torch
 import torch
 from safetensors import safe_open
-import safetensors.torch
 from safetensors.torch import load_file
 
 from cifarkit import models

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cifarkit.errors import LOG_FORMAT, CifarkitError, describe_os_error
 
-DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; see README measurements
+DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; see docs/measurements.md
 GRID_MAX = 256  # images in a `data show` grid: 32 rows of 8 still make a page; 100,000 once took 13 GB
 DEVICES = ("auto", "cuda", "mps", "cpu")
 BENCH_MODES = ["fp32", "bf16+cl"]  # bench's default: a CPU's plain and fast training
@@ -53,6 +53,7 @@ def cmd_models(args) -> None:
 
 def cmd_recipes(args) -> None:
     import yaml
+
     from cifarkit.config import builtin_recipes, explain, load_recipe
     if args.recipe is None:
         for name in sorted(builtin_recipes()):
@@ -80,6 +81,7 @@ def cmd_data_import(args) -> None:
 
 def cmd_data_info(args) -> None:
     import torch
+
     from cifarkit import data
     dataset = data.load()
     info = {"source": dataset.source, "cache": str(data.cache_path()), "sha256": dataset.sha256, "splits": {}}
@@ -92,12 +94,14 @@ def cmd_data_info(args) -> None:
         return
     print(f"source: {info['source']}\ncache: {info['cache']}\ncontent sha256: {info['sha256']}")
     for split, s in info["splits"].items():
-        print(f"{split}: {s['images']:,} images; images sha256 {s['images_sha256']}, labels sha256 {s['labels_sha256']}")
+        print(f"{split}: {s['images']:,} images; images sha256 {s['images_sha256']}, "
+              f"labels sha256 {s['labels_sha256']}")
         print("  " + ", ".join(f"{name} {count}" for name, count in s["per_class"].items()))
 
 
 def cmd_data_show(args) -> None:
     import torch
+
     from cifarkit import data, plots
     from cifarkit.config import check_seed
     check_seed(args.seed, "--seed")
@@ -428,6 +432,18 @@ EPILOG = ("Start with `cifarkit train` (the fast recipe; `cifarkit recipes` list
           "`cifarkit eval RUN_DIR`. `cifarkit COMMAND --help` shows a command's options.")
 
 
+def options(parser: argparse.ArgumentParser | None = None, command: str = "cifarkit"):
+    """(command, option strings or the argument's name, dest, help) of every argument of every command, subcommands
+    included: what `--help` shows, as data."""
+    parser = parser or build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                yield from options(subparser, f"{command} {name}")
+        else:
+            yield command, "/".join(action.option_strings) or action.dest, action.dest, action.help
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Nothing here imports torch: `cifarkit --help` and argument errors answer at once. Choices that live in the
     # registries (models, benchmark modes) are checked by the stage, whose error lists them.
@@ -477,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "eval", "test accuracy, per-class accuracy and confusion matrix of trained weights")
     p.add_argument("target", help="version name (A, or C for ./cifar10_models/version_C), release or run folder, or "
                                   ".safetensors file")
-    p.add_argument("--tta", action="store_true", help="test-time augmentation: mirror + 1-pixel shifts, weighted logits")
+    p.add_argument("--tta", action="store_true",
+                   help="test-time augmentation: mirror + 1-pixel shifts, weighted logits")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA, then MPS, then the CPU")
     p.add_argument("--precision", default="fp32", choices=PRECISION_CHOICES,

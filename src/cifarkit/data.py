@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 import torch.nn.functional as F
-from torch.profiler import record_function
 from safetensors import safe_open
-import safetensors.torch
 from safetensors.torch import load_file
+from torch.profiler import record_function
 
 from cifarkit.config import AugmentConfig, DataConfig
 from cifarkit.errors import CifarkitError
@@ -269,7 +269,8 @@ def balanced_indices(labels: torch.Tensor, count: int, generator: torch.Generato
 
 
 def split_train(labels: torch.Tensor, val_split: int, subset: int | None, seed: int):
-    """(train indices, val indices): the validation images are held out first, then the subset is drawn from the rest."""
+    """(train indices, val indices): the validation images are held out first, then the subset is drawn from the
+    rest."""
     generator = torch.Generator().manual_seed(seed)
     all_idx = torch.arange(len(labels))
     val_idx = balanced_indices(labels, val_split, generator) if val_split else all_idx[:0]

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import torch
+
 # Figures built without pyplot need no backend and open no window (runs happen on servers and in CI), and leave the
 # user's own backend alone: a notebook that imports cifarkit keeps its inline pictures.
 from matplotlib.figure import Figure

@@ -28,7 +28,7 @@ from cifarkit import distributed, train
 from cifarkit.config import Recipe
 from cifarkit.device import describe, pick_device, report
 from cifarkit.engine import evaluate, train_one_epoch
-from cifarkit.models.layers import _Conv3x3MatmulWeightGrad
+from cifarkit.models.layers import Conv3x3MatmulWeightGrad
 
 PHASES = ("augmentation", "forward", "backward", "optimizer", "weight averaging")
 # Operator kinds inside the forward and backward passes, matched in order against aten's operator names.
@@ -43,7 +43,7 @@ KINDS = (
 )
 # Conv3x3's own autograd function computes the weight gradient as matmuls over shifted copies of its padded input:
 # its operators (pad, cat, mm) are the convolution's, whatever aten calls them. Its backward node adds "Backward".
-CONVOLUTION_FUNCTION = _Conv3x3MatmulWeightGrad.__name__
+CONVOLUTION_FUNCTION = Conv3x3MatmulWeightGrad.__name__
 WARMUP_STEPS = 2  # the first steps choose oneDNN kernels and fill the allocator's caches
 
 
@@ -185,15 +185,22 @@ def _step_parts(events, steps: int) -> tuple[dict, float]:
         if event.name in PHASES:
             labelled += event.cpu_time_total
             continue
-        phase = _enclosing_phase(event)
-        if phase is None:
-            continue
-        part = _kind(event, phase) if phase in ("forward", "backward") else phase
-        parts[part] = parts.get(part, 0.0) + event.self_cpu_time_total
+        part = part_of(event)
+        if part is not None:
+            parts[part] = parts.get(part, 0.0) + event.self_cpu_time_total
     total = max(e.time_range.end for e in events) - min(e.time_range.start for e in events)
     parts["other"] = max(total - labelled, 0.0)
     parts = {name: us / 1e6 / steps for name, us in sorted(parts.items(), key=lambda item: -item[1])}
     return parts, total / 1e6 / steps
+
+
+def part_of(event) -> str | None:
+    """The part of a step that a profiled operator's self time counts in: the innermost phase that encloses it, and
+    within the forward and backward passes its operator kind; None outside the phases."""
+    phase = _enclosing_phase(event)
+    if phase in ("forward", "backward"):
+        return _kind(event, phase)
+    return phase
 
 
 def _kind(event, phase: str) -> str:

@@ -30,14 +30,31 @@ import torch
 import yaml
 
 from cifarkit import backends, benchmark, checkpoint, data, device, export, models, plots, preprocess
+from cifarkit.backends import BACKENDS
 from cifarkit.config import flatten, load_recipe, recipe_from_dict, to_dict
 from cifarkit.engine import evaluate, per_class_accuracy
 from cifarkit.errors import CifarkitError
-from cifarkit.files import (FOLDER_MODE, fsync_folder, fsync_tree, portable, remove_stale_temps, temp_name,
-                            write_json, write_text)
-from cifarkit.backends import BACKENDS
-from cifarkit.inference import (METRICS_NAME, NAME_PATTERN, ONNX_NAME, WEIGHTS_NAME, Classifier,
-                                known_releases, read_metrics, replaced_path, restore_replaced)
+from cifarkit.files import (
+    FOLDER_MODE,
+    fsync_folder,
+    fsync_tree,
+    portable,
+    remove_stale_temps,
+    temp_name,
+    write_json,
+    write_text,
+)
+from cifarkit.inference import (
+    METRICS_NAME,
+    NAME_PATTERN,
+    ONNX_NAME,
+    WEIGHTS_NAME,
+    Classifier,
+    known_releases,
+    read_metrics,
+    replaced_path,
+    restore_replaced,
+)
 
 log = logging.getLogger(__name__)
 INFERENCE_ROUNDS = 5  # interleaved rounds per backend and batch size; the median is kept
@@ -58,7 +75,7 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
         if not (run_dir / needed).is_file():
             raise CifarkitError(f"{run_dir} has no {needed}: give the folder of a finished `cifarkit train` run")
     run_config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    spread = _speedrun_stats(speedrun, run_config) if speedrun else None  # before anything is measured or written
+    spread = speedrun_figures(speedrun, run_config) if speedrun else None  # before anything is measured or written
     target = root / f"version_{name}"
     restore_replaced(target)
     if target.exists() and not force:
@@ -74,7 +91,7 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
         _assemble(tmp, run_dir, run_config, name, weights_dtype, spread, keep_onnx)
         os.chmod(tmp, FOLDER_MODE)
         fsync_tree(tmp)
-        _swap_into_place(tmp, target)
+        swap_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if new_root and not target.exists():  # a failed first release leaves no empty folder behind
@@ -83,7 +100,7 @@ def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weig
     return target
 
 
-def _swap_into_place(new: Path, target: Path) -> None:
+def swap_into_place(new: Path, target: Path) -> None:
     """Put the staged release `new` at `target`; the release it replaces, if any, is then at `new`.
 
     On Linux the two folders trade places in one atomic step, so `target` always holds a whole release. Elsewhere
@@ -92,7 +109,7 @@ def _swap_into_place(new: Path, target: Path) -> None:
     """
     if not os.path.lexists(target):
         os.rename(new, target)
-    elif not _exchange(new, target):
+    elif not exchange_paths(new, target):
         parked = replaced_path(target)
         os.rename(target, parked)
         os.rename(new, target)
@@ -100,7 +117,7 @@ def _swap_into_place(new: Path, target: Path) -> None:
     fsync_folder(target.parent)
 
 
-def _exchange(a: Path, b: Path) -> bool:
+def exchange_paths(a: Path, b: Path) -> bool:
     """Swap two paths atomically with renameat2(RENAME_EXCHANGE); False where the system cannot."""
     if not sys.platform.startswith("linux"):
         return False
@@ -252,7 +269,7 @@ def _standalone_preprocess(mean, std) -> str:
     return re.sub(r"^STD = .*$", f"STD = {tuple(std)!r}", source, count=1, flags=re.M)
 
 
-def _speedrun_stats(path: Path, run_config: dict) -> dict:
+def speedrun_figures(path: Path, run_config: dict) -> dict:
     """n, mean and std across seeds from the speedrun report at `path`, refused unless its runs trained this run's
     resolved recipe: the same recipe and overrides, up to the settings a speedrun gives each of its runs."""
     try:
@@ -290,7 +307,8 @@ def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predicti
     inference = {
         "measured_on": device.report(torch.device("cpu")),
         "cpu_kind": backends.cpu_kind(),
-        "what": f"img/s of Classifier.logits: 32x32 uint8 pixels -> normalization -> logits, median of {INFERENCE_ROUNDS} rounds",
+        "what": "img/s of Classifier.logits: 32x32 uint8 pixels -> normalization -> logits, median of "
+                f"{INFERENCE_ROUNDS} rounds",
         "throughput": rows,
         "top1_agreement_with_fp32": agreement,
         "test_acc_by_backend": accuracy,
@@ -342,7 +360,8 @@ Written by `cifarkit release` on {metrics['created']}; every number here comes f
 - Input: RGB 32 x 32, normalized with mean {config['data']['mean']} and std {config['data']['std']}
   (`preprocess.py` does it for any image, with numpy and Pillow only).
 - Output: 10 logits for {', '.join(config['model']['classes'])}.
-- Weights stored as {metrics['weights_dtype']} ({metrics['weights_bytes'] / 1e6:.1f} MB), sha256 `{metrics['weights_sha256']}`.
+- Weights stored as {metrics['weights_dtype']} ({metrics['weights_bytes'] / 1e6:.1f} MB),
+  sha256 `{metrics['weights_sha256']}`.
 
 ## Training
 Recipe `{metrics['recipe']}`, seed {train['seed']}, {train['epochs']} epochs on {train['device']}

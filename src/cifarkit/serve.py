@@ -59,14 +59,14 @@ PREDICT = "/v1/predict"
 @dataclass(frozen=True)
 class ServeSettings:
     """Every serving default, in one place; `cifarkit serve --help` names the option of each."""
-    # Images per forward pass. Past 64 a bigger batch no longer buys images/s on a CPU (version B in bf16 on 2
-    # cores: 3,750 img/s at 64, 3,520 at 128), and it lengthens the wait of the batch's first image.
+    # Images per forward pass. Past 64 a bigger batch stopped buying images/s on a CPU, and it lengthens the wait of
+    # the batch's first image. The reasons behind these defaults, with their figures: docs/serving.md.
     max_batch: int = 64
     # The most a batch waits for more images after its oldest arrived; it waits only while admitted images are
     # still being decoded, so an idle server answers a lone request without this delay.
     max_wait_ms: float = 5.0
-    # Images queued per model before new ones are refused with 503: at about 1,000 img/s on 2 CPU cores, 512
-    # images are half a second of work, so a client is told to come back instead of waiting for seconds.
+    # Images queued per model before new ones are refused with 503: about half a second of work on 2 CPU cores, so
+    # a client is told to come back instead of waiting for seconds.
     max_queue: int = 512
     # A request not answered in this time gets 504 (its images are dropped from the queue if still there).
     timeout_s: float = 10.0
@@ -77,8 +77,7 @@ class ServeSettings:
     max_body_mb: float = 10.0  # a larger request body is refused (413) before it is read
     max_images: int = 64  # images in one multipart request
     # torch's intra-op threads; None: torch's own (one per core) but one, the core left to the event loop and the
-    # decode thread. On 2 cores, at concurrency 64, in an interleaved run: 1,284 req/s with one thread, 1,010 with
-    # two, whose team stalls whenever the loop takes one of their cores.
+    # decode thread: a full team of threads stalls whenever the loop takes one of their cores.
     threads: int | None = None
     backend: str = "auto"
     verify: bool = True
@@ -458,7 +457,7 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
         state["pipeline"] = Pipeline(models, settings, metrics)
         await asyncio.to_thread(state["pipeline"].warm.wait)
         # torch, FastAPI and the models are some 250,000 objects that live as long as the process: without this, each
-        # full collection walks them all, a pause measured at 100-130 ms under load (the p99 latency doubled).
+        # full collection walks them all, a pause long enough to show in the p99 latency under load.
         gc.collect()
         gc.freeze()
         log.info("models %s loaded and warm in %.2f s", ", ".join(models), time.perf_counter() - started)
@@ -484,53 +483,10 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
     for exception in (HTTPException, _Refused, Exception):
         app.add_exception_handler(exception, _error_answer)
 
-    async def predict_app(scope, receive, send):
-        request = Request(scope, receive)
-        try:
-            if request.method != "POST":
-                raise _Refused(405, f"{PREDICT} takes POST", {"Allow": "POST"})
-            response = await predict(request)
-        except ClientDisconnect:  # nobody is left to answer: a line, a count, and no traceback
-            client = f"{scope['client'][0]}:{scope['client'][1]}" if scope.get("client") else "a client"
-            log.info("%s left before sending its whole request; nothing was answered", client)
-            metrics.disconnects.inc()
-            return
-        except Exception as e:
-            response = await _error_answer(request, e)
-        await response(scope, receive, send)
-
-    app.add_middleware(Gate, settings=settings, metrics=metrics, shed=shed, predict=predict_app)
-
     async def predict(request: Request) -> Response:
-        name = request.query_params.get("model") or default_model
-        topk = _topk(request.query_params.get("topk"))
-        if name not in models:
-            raise _Refused(404, f"no model named {name!r} is loaded; loaded: {', '.join(models)}")
-        files, named = await _read_images(request, settings)
-        futures = state["pipeline"].submit(name, files)
-        try:
-            async with asyncio.timeout(settings.timeout_s):
-                outcomes = [await future for future in futures]
-        except TimeoutError:
-            for future in futures:
-                future.cancel()  # the pipeline drops what it has not started
-            raise _Refused(504, f"no answer within {settings.timeout_s:g} s: the server is overloaded; retry later, "
-                                f"or raise `cifarkit serve --timeout-s`") from None
-        classes = models[name].classifier.classes
-        answers = []
-        for position, ((filename, _), outcome) in enumerate(zip(files, outcomes)):
-            if isinstance(outcome, _Refused):
-                answers.append({"position": position, "filename": filename,
-                                "error": {"status": outcome.status, "detail": outcome.detail}})
-            else:
-                answers.append(_answer(position, outcome, classes, topk, filename if named else None))
-        failed = sum("error" in answer for answer in answers)
-        metrics.images.labels(name, "ok").inc(len(answers) - failed)
-        metrics.images.labels(name, "refused").inc(failed)
-        if len(files) == 1 and failed:
-            raise outcomes[0]  # one image: its error is the request's
-        return JSONResponse({"model": name, "weights_sha256": models[name].classifier.weights_sha256,
-                             "predictions": answers})
+        return await _predict(request, models, settings, state["pipeline"], metrics, default_model)
+
+    app.add_middleware(Gate, settings=settings, metrics=metrics, shed=shed, predict=_asgi_predict(predict, metrics))
 
     # Its query is read by hand: FastAPI's request handler (dependency solving, parameter validation) took a quarter
     # of the event loop's time per prediction under load. openapi() documents it.
@@ -570,6 +526,61 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
 
     app.mount("/static", StaticFiles(directory=str(WEB)), name="static")
     return app
+
+
+def _asgi_predict(predict, metrics: Metrics):
+    """The prediction route as a bare ASGI app (the gate calls it without FastAPI's routing): POST only; a client that
+    leaves mid-request is a log line and a count, any other failure a JSON answer."""
+    async def predict_app(scope, receive, send):
+        request = Request(scope, receive)
+        try:
+            if request.method != "POST":
+                raise _Refused(405, f"{PREDICT} takes POST", {"Allow": "POST"})
+            response = await predict(request)
+        except ClientDisconnect:  # nobody is left to answer: a line, a count, and no traceback
+            client = f"{scope['client'][0]}:{scope['client'][1]}" if scope.get("client") else "a client"
+            log.info("%s left before sending its whole request; nothing was answered", client)
+            metrics.disconnects.inc()
+            return
+        except Exception as e:
+            response = await _error_answer(request, e)
+        await response(scope, receive, send)
+
+    return predict_app
+
+
+async def _predict(request: Request, models: dict[str, Served], settings: ServeSettings, pipeline: Pipeline,
+                   metrics: Metrics, default_model: str) -> Response:
+    """POST /v1/predict: the images of a request, classified by the model it names, each answered or refused."""
+    name = request.query_params.get("model") or default_model
+    topk = _topk(request.query_params.get("topk"))
+    if name not in models:
+        raise _Refused(404, f"no model named {name!r} is loaded; loaded: {', '.join(models)}")
+    files, named = await _read_images(request, settings)
+    futures = pipeline.submit(name, files)
+    try:
+        async with asyncio.timeout(settings.timeout_s):
+            outcomes = [await future for future in futures]
+    except TimeoutError:
+        for future in futures:
+            future.cancel()  # the pipeline drops what it has not started
+        raise _Refused(504, f"no answer within {settings.timeout_s:g} s: the server is overloaded; retry later, "
+                            f"or raise `cifarkit serve --timeout-s`") from None
+    classes = models[name].classifier.classes
+    answers = []
+    for position, ((filename, _), outcome) in enumerate(zip(files, outcomes)):
+        if isinstance(outcome, _Refused):
+            answers.append({"position": position, "filename": filename,
+                            "error": {"status": outcome.status, "detail": outcome.detail}})
+        else:
+            answers.append(_answer(position, outcome, classes, topk, filename if named else None))
+    failed = sum("error" in answer for answer in answers)
+    metrics.images.labels(name, "ok").inc(len(answers) - failed)
+    metrics.images.labels(name, "refused").inc(failed)
+    if len(files) == 1 and failed:
+        raise outcomes[0]  # one image: its error is the request's
+    return JSONResponse({"model": name, "weights_sha256": models[name].classifier.weights_sha256,
+                         "predictions": answers})
 
 
 async def _error_answer(request: Request, exc: Exception) -> JSONResponse:

@@ -149,7 +149,8 @@ def table(report: dict) -> str:
             f"seed {r['seed']} (finished {r['finished']})" for r in kept))
     wall = report["wall_time_s"]
     lines.append(f"wall time per run: mean {wall['mean']:.1f} s, max {wall['max']:.1f} s")
-    lines.append(f"machine speed: {benchmark.PROBE['model']}'s training img/s at batch {benchmark.PROBE['batch_size']}, "
+    lines.append(f"machine speed: {benchmark.PROBE['model']}'s training img/s at batch "
+                 f"{benchmark.PROBE['batch_size']}, "
                  f"{benchmark.PROBE['steps']} steps, just before and after each run")
     return "\n".join(lines)
 

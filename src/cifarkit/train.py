@@ -22,8 +22,15 @@ import cifarkit
 from cifarkit import allocator, checkpoint, data, distributed, models, plots
 from cifarkit.config import Recipe, TrainConfig, recipe_from_dict, to_dict
 from cifarkit.device import Precision, configure, cpu_features, describe, pick_device, pick_precision, report
-from cifarkit.engine import (ClassificationLoss, DistillationLoss, DivergenceError, HardestSelector, TrainState, evaluate,
-                             train_one_epoch)
+from cifarkit.engine import (
+    ClassificationLoss,
+    DistillationLoss,
+    DivergenceError,
+    HardestSelector,
+    TrainState,
+    evaluate,
+    train_one_epoch,
+)
 from cifarkit.errors import LOG_FORMAT, CifarkitError, first_line
 from cifarkit.files import portable, write_json, write_text
 from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
@@ -56,8 +63,8 @@ def _read_metrics(path: Path, up_to_epoch: int) -> list[dict]:
 def _versions() -> dict:
     import numpy
     import torchvision
-    return {"cifarkit": cifarkit.__version__, "torch": str(torch.__version__), "torchvision": str(torchvision.__version__),
-            "numpy": numpy.__version__}
+    return {"cifarkit": cifarkit.__version__, "torch": str(torch.__version__),
+            "torchvision": str(torchvision.__version__), "numpy": numpy.__version__}
 
 
 @dataclass
@@ -211,7 +218,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     device, precision, loader, state = setup.device, setup.precision, setup.loader, setup.state
     if not setup.group.writes:
         return _train_shard(recipe, setup, resumed)
-    (val_x, val_y), (test_x, test_y) = setup.val, setup.test
+    (val_x, _), (test_x, test_y) = setup.val, setup.test
     model, optimizer = state.model, state.optimizer
     mean, std = recipe.data.mean, recipe.data.std
     for line in describe(report(device)):
@@ -256,22 +263,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
             record = {"epoch": epoch, **stats, "lr": optimizer.param_groups[0]["lr"]}
             eval_model = state.ema.module if state.ema is not None else model
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-                # TTA (several passes per image) only for the final measurement; progress checks stay cheap.
-                tta = cfg.tta and epoch == cfg.epochs
-                if len(val_x):
-                    val = evaluate(eval_model, val_x, val_y, **eval_args)
-                    record.update(val_loss=val["loss"], val_acc=val["acc"])
-                    if val["acc"] > best["val_acc"]:  # single views at every epoch: like compared with like
-                        best = {"val_acc": val["acc"], "epoch": epoch}
-                        checkpoint.save_weights(out / "checkpoints" / "best.safetensors", eval_model,
-                                                recipe.model.name, mean, std, epoch=epoch)
-                    if tta:  # read as the test set will be, so that tuning on validation predicts the test figure
-                        val = evaluate(eval_model, val_x, val_y, tta=True, **eval_args)
-                        record.update(val_tta_loss=val["loss"], val_tta_acc=val["acc"])
-                if tta:
-                    log.info("epoch %d trained; measuring the test accuracy with test-time augmentation", epoch)
-                test = evaluate(eval_model, test_x, test_y, tta=tta, progress="TTA" if tta else None, **eval_args)
-                record.update(test_loss=test["loss"], test_acc=test["acc"])
+                best = _evaluate_epoch(record, best, eval_model, recipe, setup, epoch, out, eval_args)
             record["elapsed_s"] = elapsed + time.perf_counter() - started
             records.append(record)
             _log_epoch(record, writer)
@@ -313,6 +305,31 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     log.info("done: test accuracy %.2f%% (epoch %d), wall time %.1f s, run folder %s",
              100 * summary["test_acc"], selected_epoch, summary["wall_time_s"], out)
     return summary
+
+
+def _evaluate_epoch(record: dict, best: dict, model: nn.Module, recipe: Recipe, setup: _Setup, epoch: int, out: Path,
+                    eval_args: dict) -> dict:
+    """Add an evaluated epoch's validation and test metrics to `record`, and return the best epoch so far on
+    validation, whose weights are saved. TTA (several passes per image) only for the final measurement: progress
+    checks stay cheap."""
+    cfg = recipe.train
+    (val_x, val_y), (test_x, test_y) = setup.val, setup.test
+    tta = cfg.tta and epoch == cfg.epochs
+    if len(val_x):
+        val = evaluate(model, val_x, val_y, **eval_args)
+        record.update(val_loss=val["loss"], val_acc=val["acc"])
+        if val["acc"] > best["val_acc"]:  # single views at every epoch: like compared with like
+            best = {"val_acc": val["acc"], "epoch": epoch}
+            checkpoint.save_weights(out / "checkpoints" / "best.safetensors", model, recipe.model.name,
+                                    recipe.data.mean, recipe.data.std, epoch=epoch)
+        if tta:  # read as the test set will be, so that tuning on validation predicts the test figure
+            val = evaluate(model, val_x, val_y, tta=True, **eval_args)
+            record.update(val_tta_loss=val["loss"], val_tta_acc=val["acc"])
+    if tta:
+        log.info("epoch %d trained; measuring the test accuracy with test-time augmentation", epoch)
+    test = evaluate(model, test_x, test_y, tta=tta, progress="TTA" if tta else None, **eval_args)
+    record.update(test_loss=test["loss"], test_acc=test["acc"])
+    return best
 
 
 def _train_shard(recipe: Recipe, setup: _Setup, resumed: dict | None) -> None:

@@ -3,20 +3,11 @@
 `Conv3x3` is a stride-1, padding-1 3x3 convolution, an `nn.Conv2d` in every way that is saved or exported. Only its
 bf16 training on the CPU differs, and only where it was measured to be faster; the function it computes is the same.
 
-`cifarkit profile` showed the convolutions' backward at half of a fastnet step, and in it oneDNN's weight-gradient
-kernel was the slow part for small images: on the 2-core AMX machines this was first measured on, at batch 2000 in
-bf16, it ran at 0.56 TFLOP/s for the 256-channel layer at 7x7 and 0.18 at 3x3, where the forward ran at 1.6 and 1.4.
-The same sum computed as matmuls over the 9 shifted copies of the input (im2col in channels-last), in slices of about
-2,048 rows, took 176-191 ms against oneDNN's 205-220 at 7x7, and 33-45 against 121-128 at 3x3 (medians of 5; one
-matmul over the whole batch took 245-296 and 41-44). At 15 and 31 pixels per row oneDNN was faster (1.9-5.9x), and
-so it was in fp32, where oneDNN's weight gradient took 0.9-1.2x the forward's time.
-
-A CPU with AVX512-BF16 but no AMX (an AMD EPYC, Zen 5) weighs these differently: there oneDNN's forward ran at
-0.81-0.87 TFLOP/s, its weight gradient at 0.58 at 7x7, the matmul's at 0.48. Each of fastnet's layers timed there
-in the paths below (forward + backward, batch 2000, medians of 5, ms): 256 channels at 7x7, oneDNN 479 against the
-matmul's 549; the pooled 7x7 layer, cropped by the matmul path to 6x6, 395 against oneDNN's 459; 3x3, 102 against
-111; the pooled 64->256 layer at 15x15, cropped to 14x14 by an explicit pad for oneDNN, 495 against 539 (at 31x31
-the same crop cost more than it saved, 202 against 171). `KERNEL_PLANS` holds each CPU's choices.
+Why: in bf16 on the CPU, oneDNN's weight-gradient kernel is slow for small images (rows of a few pixels), and the
+same sum computed as matmuls over the input's 9 shifted copies (im2col in channels-last) is faster there; for wider
+rows, and in fp32, oneDNN's own kernel is the faster one. Where the line falls depends on the CPU's bf16 engine (AMX,
+or AVX512-BF16 alone), so `KERNEL_PLANS` holds a plan per engine. The per-layer timings behind each plan, with the
+CPU kinds they were taken on, are in docs/recipes-and-speed.md ("Kernel plans").
 """
 from __future__ import annotations
 
@@ -29,9 +20,9 @@ from torch import nn
 
 from cifarkit.device import cpu_features
 
-# Rows of the shifted-copy matrix per matmul. Slices of ~2,048 rows (41 images at 7x7, 9 MB of copies for 256
-# channels) let each matmul read its copies while they are still in cache; one matmul over the whole batch (452 MB of
-# copies at batch 2000) took 1.3-1.5x as long, slices of 1,024 rows were slower again (matmul overhead), 4,096 no faster.
+# Rows of the shifted-copy matrix per matmul: few enough that each matmul reads its copies while they are still in
+# cache (41 images at 7x7, 9 MB of copies for 256 channels, against 452 MB for the whole batch), enough that the
+# matmuls' fixed cost stays small. The slice sizes tried are in docs/recipes-and-speed.md ("Kernel plans").
 SLICE_ROWS = 2048
 
 
@@ -57,11 +48,11 @@ def weight_gradient_by_matmul(grad_output: torch.Tensor, padded: torch.Tensor,
     return grad_weight.view(-1, 3, 3, c_in).permute(0, 3, 1, 2)
 
 
-class _Conv3x3MatmulWeightGrad(torch.autograd.Function):
+class Conv3x3MatmulWeightGrad(torch.autograd.Function):
     """conv2d of `x` padded by `padding` (left, right, top, bottom); its weight gradient by
     `weight_gradient_by_matmul`. With padding 1 on every side, the input's gradient is taken with that padding
     inside oneDNN, over the input's own pixels: over the padded copy it would cost (h + 2)^2 / h^2 as much, 2.8x at
-    3x3 (102 against 119 ms for the whole layer there)."""
+    3x3."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, padding: tuple[int, int, int, int]) -> torch.Tensor:
@@ -103,11 +94,9 @@ class KernelPlan:
     onednn_crop_max_width: int  # pooled layers of odd width past the matmul's: oneDNN on a cropping pad up to this
 
 
-# By the CPU's bf16 engine, each value measured (this module's docstring). AMX: rows of 7 and 3 by matmul, 15 and 31
-# by oneDNN, and no pad-crop for oneDNN (cropping its 15 and 31 pixel layers too gave 1.021x per step against 1.047x
-# without). Without AMX (AVX512-BF16): oneDNN for the 7x7 layer, the matmul for 3x3 and the cropped pooled 7x7, and
-# the pad-crop for the pooled 15x15 layer only. On that CPU, whole fastnet steps with this plan (and the unpadded input
-# gradient) took 0.93x the time of the AMX plan with the padded one, in an interleaved A/B (8 pairs, all faster).
+# By the CPU's bf16 engine. AMX: rows of 7 and 3 by matmul, 15 and 31 by oneDNN, and no pad-crop for oneDNN. Without
+# AMX (AVX512-BF16): oneDNN for the 7x7 layer, the matmul for 3x3 and the cropped pooled 7x7, and the pad-crop for the
+# pooled 15x15 layer only. Each choice was the faster in interleaved timings on that kind (docs/recipes-and-speed.md).
 KERNEL_PLANS = {"amx": KernelPlan(8, 8, 0), "no_amx": KernelPlan(4, 8, 16)}
 
 
@@ -119,26 +108,38 @@ def cpu_plan() -> KernelPlan:
 class Conv3x3(nn.Conv2d):
     """A 3x3 convolution with zero padding 1. `pooled`: a 2x2 max-pool with floor rounding follows, which never
     reads an odd last row or column of this output. In bf16 training on the CPU those are then not computed, where
-    it pays (`cpu_plan`): fastnet's pooled 7x7 layer computes 6x6 outputs, 27% less work forward and backward, and
-    1.05x per whole step in an interleaved A/B on an AMX machine (12 pairs, 11 faster)."""
+    it pays (`cpu_plan`): fastnet's pooled 7x7 layer computes 6x6 outputs, 27% less work forward and backward."""
 
     def __init__(self, c_in: int, c_out: int, pooled: bool = False):
         super().__init__(c_in, c_out, 3, padding=1, bias=False)
         self.pooled = pooled
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def path(self, x: torch.Tensor) -> str:
+        """How a call on `x` computes, here and now: "plain" (nn.Conv2d), "matmul" (the weight gradient by
+        `weight_gradient_by_matmul`), "matmul-cropped" (the same on the pooled layer's kept rows and columns) or
+        "onednn-cropped" (oneDNN on a pad that crops them). Only bf16 training on the CPU leaves the plain path."""
         h, w = x.shape[-2:]
-        if self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu":
-            dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-            # In fp32 oneDNN's weight gradient took about the forward's time, and the matmul was not faster.
-            if dtype == torch.bfloat16:
-                plan = cpu_plan()
-                crop = self.pooled and w % 2 == 1 and h % 2 == 1
-                # The input cast autocast would make inside conv2d, made here.
-                with torch.autocast("cpu", enabled=False):
-                    if w <= (plan.cropped_matmul_max_width if crop else plan.matmul_max_width):
-                        padding = (1, 0, 1, 0) if crop else (1, 1, 1, 1)  # left, right, top, bottom
-                        return _Conv3x3MatmulWeightGrad.apply(x.to(dtype), self.weight, padding)
-                    if crop and w <= plan.onednn_crop_max_width:
-                        return F.conv2d(F.pad(x.to(dtype), (1, 0, 1, 0)), self.weight.to(dtype))
-        return super().forward(x)
+        if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"):
+            return "plain"
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        if dtype != torch.bfloat16:  # in fp32 oneDNN's weight gradient took about the forward's time: not slow
+            return "plain"
+        plan = cpu_plan()
+        crop = self.pooled and w % 2 == 1 and h % 2 == 1
+        if w <= (plan.cropped_matmul_max_width if crop else plan.matmul_max_width):
+            return "matmul-cropped" if crop else "matmul"
+        if crop and w <= plan.onednn_crop_max_width:
+            return "onednn-cropped"
+        return "plain"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        path = self.path(x)
+        if path == "plain":
+            return super().forward(x)
+        # The input cast autocast would make inside conv2d, made here.
+        with torch.autocast("cpu", enabled=False):
+            low = x.to(torch.bfloat16)
+            if path == "onednn-cropped":
+                return F.conv2d(F.pad(low, (1, 0, 1, 0)), self.weight.to(torch.bfloat16))
+            padding = (1, 0, 1, 0) if path == "matmul-cropped" else (1, 1, 1, 1)  # left, right, top, bottom
+            return Conv3x3MatmulWeightGrad.apply(low, self.weight, padding)
