@@ -37,11 +37,15 @@ def load_script(path: Path):
 
 
 def pytest_collection_modifyitems(items):
-    """Costliest files first. xdist's loadfile hands each worker whole files in collection order (pyproject turns off
-    its reordering by test count): when the long files start first and the short ones fill in at the end, the two
-    workers finish together. A file the record does not know goes last, in its usual place among the others."""
+    """Costliest files first, and every test marked with its cost. xdist's loadfile hands each worker whole files in
+    collection order (pyproject turns off its reordering by test count): when the long files start first and the short
+    ones fill in at the end, the two workers finish together. A file the record does not know goes last, in its usual
+    place among the others."""
     costs = json.loads(DURATIONS.read_text())["files"] if DURATIONS.is_file() else {}
     items.sort(key=lambda item: -costs.get(item.nodeid.split("::")[0], 0.0))  # stable: a file's tests keep their order
+    for item in items:  # a test marked neither unit nor e2e is an integration test (pyproject's markers)
+        if item.get_closest_marker("unit") is None and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.integration)
 
 
 @contextmanager

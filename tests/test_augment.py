@@ -5,6 +5,8 @@ from cifarkit import config, data
 from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig
 from cifarkit.errors import CifarkitError
 
+pytestmark = pytest.mark.unit
+
 
 def images(n=64, seed=0):
     return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))

@@ -8,6 +8,8 @@ import torch
 from cifarkit import Classifier, backends, device
 from cifarkit.inference import SHIPPED
 
+pytestmark = pytest.mark.unit
+
 AMX = ["avx2", "avx512", "avx512_bf16", "amx"]
 ZEN5 = ["avx2", "avx512", "avx512_bf16"]
 ICE_LAKE = ["avx2", "avx512"]  # AVX-512 without BF16: oneDNN emulates bf16 there

@@ -14,6 +14,8 @@ import pytest
 from cifarkit import backends
 from conftest import ROOT, load_script
 
+pytestmark = pytest.mark.e2e
+
 SCRIPT = ROOT / "scripts" / "bench_serve.py"
 REQUESTS = 200
 LEVELS = (1, 8)

@@ -11,6 +11,7 @@ MAGIC = {".png": b"\x89PNG\r\n\x1a\n", ".jpg": b"\xff\xd8\xff", ".JPEG": b"\xff\
          ".svg": b"<?xml"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("suffix", MAGIC)
 def test_data_show_writes_the_format_its_suffix_names(cifar_home, tmp_path, capsys, suffix):
     out = tmp_path / f"grid{suffix}"
@@ -19,6 +20,7 @@ def test_data_show_writes_the_format_its_suffix_names(cifar_home, tmp_path, caps
     assert capsys.readouterr().out == f"wrote {out} (8 train images)\n"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["grid.gif", "grid"])
 def test_data_show_refuses_a_suffix_it_cannot_write_in_one_line(cifar_home, tmp_path, capsys, name):
     folder = tmp_path / "figures"
@@ -35,6 +37,7 @@ def release(name: str, accuracy: float, speed: float) -> dict:
     return {"release": name, "model": "net", "test_acc": accuracy, "inference": {"images_per_s_batch256": speed}}
 
 
+@pytest.mark.unit
 def test_comparison_shows_a_one_point_gap_on_a_full_axis_with_values_on_the_bars(tmp_path):
     figure = plots.release_comparison([release("A", 0.9452, 430.0), release("B", 0.9353, 4537.0)],
                                       tmp_path / "compare.png")
@@ -44,6 +47,7 @@ def test_comparison_shows_a_one_point_gap_on_a_full_axis_with_values_on_the_bars
     assert [t.get_text() for t in speed.texts] == ["430", "4,537"]
 
 
+@pytest.mark.unit
 def test_curves_tick_whole_epochs(tmp_path):
     records = [{"epoch": e, "train_loss": 2 - e / 3, "train_acc": e / 4, "test_loss": 2 - e / 4, "test_acc": e / 5}
                for e in (1, 2, 3)]
@@ -63,6 +67,7 @@ def speedrun_runs() -> list[dict]:
 
 @pytest.mark.parametrize("final_tta, final_label", [(True, "final score, with TTA (mirror + 1-pixel shifts)"),
                                                     (False, "final score (single view)")])
+@pytest.mark.unit
 def test_speedrun_chart_starts_at_zero_minutes_and_says_what_the_final_point_is(tmp_path, final_tta, final_label):
     figure = plots.accuracy_vs_time(speedrun_runs(), 0.75, tmp_path / "speedrun.png", "fast",
                                     overrides=("train.epochs=3", "optim.lr=0.2"), final_tta=final_tta)
@@ -75,6 +80,7 @@ def test_speedrun_chart_starts_at_zero_minutes_and_says_what_the_final_point_is(
     assert len(seed_line.get_xdata()) == (2 if final_tta else 3)
 
 
+@pytest.mark.unit
 def test_speedrun_chart_title_says_when_nothing_was_overridden(tmp_path):
     figure = plots.accuracy_vs_time(speedrun_runs(), 0.75, tmp_path / "speedrun.png", "fast")
     assert figure.axes[0].get_title() == "fast\nno overrides"

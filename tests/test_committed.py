@@ -6,6 +6,8 @@ import yaml
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 COMMITTED = sorted([*ROOT.glob("results/**/*.json"), *ROOT.glob("results/**/*.yaml"),
                     *ROOT.glob("src/cifarkit/pretrained/*/*.json"), *ROOT.glob("src/cifarkit/pretrained/*/*.yaml")])
 

@@ -11,6 +11,8 @@ from scipy import stats
 
 from conftest import ROOT, load_script
 
+pytestmark = pytest.mark.unit
+
 compare = load_script(ROOT / "scripts" / "compare_reference.py")
 render = load_script(ROOT / "scripts" / "render_readme.py")
 

@@ -4,6 +4,8 @@ from cifarkit.cli import DEFAULT_RECIPE, main
 from cifarkit.config import builtin_recipes, load_recipe
 from cifarkit.errors import CifarkitError
 
+pytestmark = pytest.mark.unit
+
 
 def test_builtin_recipes_load_and_match_the_write_ups():
     assert set(builtin_recipes()) >= {"resnet18-sgd", "resnet18-adamw", "cifar10net", "simplecnn"}

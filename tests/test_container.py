@@ -17,6 +17,8 @@ from cifarkit.cli import build_parser
 from conftest import ROOT
 from servers import running_server
 
+pytestmark = pytest.mark.e2e
+
 DOCKERFILES = ["Dockerfile", "Dockerfile.cuda"]
 
 

@@ -216,6 +216,7 @@ def test_each_file_alone_prints_one_line_and_exits_0_or_2(released, corpus, cli_
             print_table(rows)
 
 
+@pytest.mark.unit
 def test_exif_orientation_is_applied(corpus):
     path = corpus["EXIF-rotated JPEG"].path
     stored = np.asarray(Image.open(path).convert("RGB"))  # the pixels as stored, before any EXIF rule
@@ -224,6 +225,7 @@ def test_exif_orientation_is_applied(corpus):
     assert not np.array_equal(preprocess.to_uint8(path), preprocess.to_uint8(stored))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["animated GIF", "APNG", "animated WebP"])
 def test_animated_images_give_their_first_frame(corpus, kind):
     with Image.open(corpus[kind].path) as image:
@@ -237,6 +239,7 @@ def test_animated_images_give_their_first_frame(corpus, kind):
     ("PNG past Pillow's bomb warning (10000 x 9500)", "95000000 pixels"),
     ("JPEG over the pixel limit (9000 x 8000)", "9000 x 8000"),
 ])
+@pytest.mark.unit
 def test_files_over_the_limit_are_refused_before_decoding(corpus, monkeypatch, kind, size):
     decoded = []
     load = ImageFile.ImageFile.load
@@ -248,11 +251,13 @@ def test_files_over_the_limit_are_refused_before_decoding(corpus, monkeypatch, k
     assert decoded == []
 
 
+@pytest.mark.unit
 def test_the_pixel_limit_admits_phone_photos_and_sits_below_pillows_own():
     # A 64 MP phone sensor's photo (9248 x 6936) is classified; Pillow's default guard never speaks below the limit.
     assert 9248 * 6936 <= preprocess.MAX_PIXELS < Image.MAX_IMAGE_PIXELS
 
 
+@pytest.mark.unit
 def test_a_large_jpeg_is_decoded_at_reduced_scale_then_resized_with_antialiasing(tmp_path, monkeypatch):
     stripes = np.zeros((2048, 2048), np.uint8)
     stripes[:, ::2] = 255  # one-pixel stripes: sampling without averaging gives pure black or white

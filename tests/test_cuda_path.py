@@ -35,6 +35,7 @@ def test_a_run_trains_in_fp16_with_a_grad_scaler(cifar_home, tmp_path, fp16_ever
     assert optimizer_state  # Adam keeps no state until a step is taken, so steps were not all skipped
 
 
+@pytest.mark.unit
 def test_fp16_steps_with_a_grad_scaler_lower_the_loss():
     """The scaled fp16 steps must still descend: scaling, unscaling and clipping may not distort the update."""
     torch.manual_seed(0)
@@ -55,6 +56,7 @@ def test_fp16_steps_with_a_grad_scaler_lower_the_loss():
     assert loss() < before and state.scaler.get_scale() == 2.0**16  # no step overflowed and none was skipped
 
 
+@pytest.mark.unit
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # the skipped step's warning
 @pytest.mark.parametrize("grad_clip", [None, 1.0])
 def test_overflowing_fp16_gradients_skip_the_step_and_back_off_the_scale(grad_clip):
@@ -79,6 +81,7 @@ def test_overflowing_fp16_gradients_skip_the_step_and_back_off_the_scale(grad_cl
     assert scaler.get_scale() == 2.0**59
 
 
+@pytest.mark.unit
 def test_training_batches_are_made_on_the_datas_device():
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     loader = data.TrainLoader(images, torch.arange(64) % 10, batch_size=32, cfg=DataConfig(), seed=0,

@@ -82,6 +82,7 @@ def test_structural_check(tmp_path, empty_home, batches, message):
     assert not data.cache_path().exists()
 
 
+@pytest.mark.unit
 def test_pickle_that_would_run_code_is_refused(tmp_path, empty_home):
     class Exploit:
         def __reduce__(self):
@@ -91,6 +92,7 @@ def test_pickle_that_would_run_code_is_refused(tmp_path, empty_home):
         data.import_data(archive)
 
 
+@pytest.mark.unit
 def test_failed_download_names_the_ways_out(empty_home, monkeypatch, capsys):
     import torchvision.datasets.utils as tv_utils
 
@@ -104,6 +106,7 @@ def test_failed_download_names_the_ways_out(empty_home, monkeypatch, capsys):
     assert not (empty_home / "cifar10.safetensors").exists()
 
 
+@pytest.mark.unit
 def test_missing_cifarkit_data_path(empty_home, monkeypatch, tmp_path):
     monkeypatch.setenv("CIFARKIT_DATA", str(tmp_path / "nope.tar.gz"))
     with pytest.raises(CifarkitError, match="CIFARKIT_DATA=.*nope.tar.gz does not exist"):
@@ -138,12 +141,14 @@ def test_an_unreadable_archive_is_a_permission_problem_not_corruption(synthetic_
     assert not data.cache_path().exists()
 
 
+@pytest.mark.unit
 def test_show_writes_a_grid(cifar_home, tmp_path):
     out = tmp_path / "grid.png"
     assert main(["data", "show", "--out", str(out), "--count", "16"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.unit
 def test_subset_is_class_balanced_and_seeded():
     labels = torch.arange(50_000) % 10
     a, val = data.split_train(labels, val_split=1000, subset=5000, seed=1)
@@ -155,6 +160,7 @@ def test_subset_is_class_balanced_and_seeded():
     assert not set(a.tolist()) & set(val.tolist())  # held-out images never train
 
 
+@pytest.mark.unit
 def test_subset_larger_than_the_set_is_an_error():
     with pytest.raises(CifarkitError, match="subset 60000 is larger"):
         data.split_train(torch.arange(50_000) % 10, 0, 60_000, 0)

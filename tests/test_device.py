@@ -9,6 +9,7 @@ from cifarkit.cli import main
 from cifarkit.errors import CifarkitError
 
 
+@pytest.mark.unit
 def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert device.pick_device("auto").type == "cuda"
@@ -19,6 +20,7 @@ def test_auto_prefers_cuda_then_mps_then_cpu(monkeypatch):
     assert device.pick_device("auto").type == "cpu"
 
 
+@pytest.mark.unit
 def test_unavailable_device_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(CifarkitError, match="device 'cuda' is not available here; use --device auto"):
@@ -29,12 +31,14 @@ def test_unavailable_device_is_a_clear_error(monkeypatch):
     ("cuda", True, "fp16", True), ("cpu", True, "bf16", False), ("cpu", False, "fp32", False),
     ("mps", True, "fp32", False),
 ])
+@pytest.mark.unit
 def test_auto_precision(monkeypatch, dev, has_bf16, expected, scaler):
     monkeypatch.setattr(device, "cpu_has_bf16", lambda: has_bf16)
     precision = device.pick_precision("auto", torch.device(dev))
     assert (precision.name, precision.grad_scaler) == (expected, scaler)
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not (device._is_x86() and Path("/proc/cpuinfo").exists()), reason="reads Linux's x86 CPU flags")
 def test_native_bf16_means_the_bf16_instructions_not_avx512_alone():
     # oneDNN's check says yes on any AVX-512 CPU and emulates bf16 there at a third of fp32's training speed, so
@@ -47,6 +51,7 @@ def test_native_bf16_means_the_bf16_instructions_not_avx512_alone():
     assert device.pick_precision("auto", torch.device("cpu")).name == expected
 
 
+@pytest.mark.unit
 def test_fp16_training_on_cpu_is_refused():
     with pytest.raises(CifarkitError, match="use --precision bf16 or fp32"):
         device.pick_precision("fp16", torch.device("cpu"))
@@ -91,6 +96,7 @@ def test_device_report_measures_each_configuration_in_its_own_process(tmp_path, 
     assert result["command"].startswith("cifarkit bench --devices cpu cuda")
 
 
+@pytest.mark.unit
 def test_device_report_needs_the_cpu_baseline(capsys):
     assert main(["bench", "--devices", "cuda", "--models", "simplecnn"]) == 2
     assert "include cpu in --devices and fp32 in --modes" in capsys.readouterr().err

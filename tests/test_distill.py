@@ -19,6 +19,7 @@ class FixedLogits(nn.Module):
         return self.logits
 
 
+@pytest.mark.unit
 def test_distillation_loss_is_0_7_ce_plus_0_3_t2_kl():
     torch.manual_seed(0)
     student, teacher, labels = torch.randn(6, 10), torch.randn(6, 10), torch.randint(0, 10, (6,))
@@ -33,6 +34,7 @@ def test_distillation_loss_is_0_7_ce_plus_0_3_t2_kl():
     assert matched.item() == pytest.approx(0.7 * ClassificationLoss()(student, labels, None).item(), rel=1e-5)
 
 
+@pytest.mark.unit
 def test_the_teacher_changes_the_students_gradients():
     torch.manual_seed(0)
     student, teacher = models.create("simplecnn"), models.create("simplecnn").eval()
@@ -68,6 +70,7 @@ def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp
         train.run(recipe, out=tmp_path / "student")
 
 
+@pytest.mark.unit
 def test_the_distill_recipe_without_a_teacher_is_the_plain_student():
     recipe = load_recipe("distill", ["distill.teacher=null"])
     assert recipe.distill.teacher is None and recipe.model.name == "simplecnn"

@@ -21,6 +21,8 @@ from cifarkit.cli import main
 from cifarkit.config import DataConfig
 from conftest import FLOORS, sample_home
 
+pytestmark = pytest.mark.e2e
+
 CHECK = FLOORS["training"]["fast-2-epochs-2-ranks-sample"]  # its settings and floor, measured on 2 ranks
 TRAIN = ["train", "--recipe", CHECK["recipe"]] + [arg for s in CHECK["overrides"] for arg in ("--set", s)]
 FAULT_CHILD = Path(__file__).with_name("dist_fault_child.py")

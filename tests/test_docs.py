@@ -6,6 +6,8 @@ import pytest
 
 from conftest import ROOT, load_script
 
+pytestmark = pytest.mark.unit
+
 render = load_script(ROOT / "scripts" / "render_readme.py")
 PAGES = render.pages()
 README_MAX_LINES = 250  # issue 32: what it is, the quick start, one table, the commands, the links

@@ -20,6 +20,8 @@ from cifarkit import data, release
 from cifarkit.cli import main
 from conftest import sample_home
 
+pytestmark = pytest.mark.e2e
+
 CHILD = Path(__file__).with_name("fault_child.py")
 # Three short epochs with a validation split and TTA, so every stage of a run exists: checkpoints, selection on
 # validation, the final TTA measurement of the chosen weights, the weights and the summary.

@@ -9,6 +9,7 @@ import pytest
 from cifarkit import files
 
 
+@pytest.mark.unit
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     target = tmp_path / "metrics.json"
     files.write_json(target, {"old": True})
@@ -21,6 +22,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
     assert os.listdir(tmp_path) == ["metrics.json"]
 
 
+@pytest.mark.unit
 def test_files_get_their_mode_whatever_the_umask(tmp_path):
     previous = os.umask(0o077)
     try:
@@ -31,6 +33,7 @@ def test_files_get_their_mode_whatever_the_umask(tmp_path):
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == files.FILE_MODE
 
 
+@pytest.mark.unit
 def test_only_dead_writers_temporaries_are_removed(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
@@ -43,6 +46,7 @@ def test_only_dead_writers_temporaries_are_removed(tmp_path):
     assert not stale.exists() and live.exists() and other.exists()
 
 
+@pytest.mark.unit
 def test_portable_paths_never_name_the_machine(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert files.portable(tmp_path / "runs" / "a") == "runs/a"

@@ -18,6 +18,7 @@ def hub(entry: str, **kwargs):
     return torch.hub.load(str(ROOT), entry, source="local", **kwargs)
 
 
+@pytest.mark.unit
 def test_the_entry_points_are_the_releases_and_every_architecture():
     # torch.hub.list takes GitHub repos only; this is its rule for what a hubconf offers: public callables
     spec = importlib.util.spec_from_file_location("hubconf", ROOT / "hubconf.py")
@@ -35,6 +36,7 @@ def test_a_release_entry_point_is_the_shipped_classifier():
     assert loaded.predict_batch(pixels) == Classifier.pretrained("B").predict_batch(pixels)
 
 
+@pytest.mark.unit
 def test_an_architecture_comes_untrained_or_with_its_release_weights():
     untrained = hub("fastnet")
     assert untrained.training and untrained(torch.zeros(2, 3, 32, 32)).shape == (2, 10)

@@ -40,6 +40,7 @@ def on_white(colour: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     return np.rint(colour * opacity + 255 * (1 - opacity)).astype(np.uint8)
 
 
+@pytest.mark.unit
 def test_odd_modes_and_sizes_give_the_pixels_of_an_independent_conversion():
     rng = np.random.default_rng(0)
     rgb = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
@@ -75,6 +76,7 @@ def test_odd_modes_and_sizes_give_the_pixels_of_an_independent_conversion():
     assert (preprocess.to_uint8(clear) == 255).all()
 
 
+@pytest.mark.unit
 def test_downscaling_is_antialiased():
     stripes = np.zeros((256, 256, 3), np.uint8)
     stripes[:, ::2] = 255  # one-pixel stripes: nearest-neighbour sampling would give pure black or white
@@ -82,6 +84,7 @@ def test_downscaling_is_antialiased():
     assert abs(small.mean() - 127.5) < 5 and small.std() < 10
 
 
+@pytest.mark.unit
 def test_the_filter_is_the_one_the_measurement_chose():
     measured = json.loads((ROOT / "results" / "resize-filters.json").read_text())
     assert preprocess.RESAMPLE == Image.Resampling[measured["choice"].upper()]
@@ -146,6 +149,7 @@ def test_predict_command_reports_each_image_and_fails_only_the_bad_ones(released
     assert capsys.readouterr().out.startswith(f"{good}: ")
 
 
+@pytest.mark.unit
 def test_bf16_backend_gives_autocasts_logits_bit_for_bit():
     """The torch-bf16 backend casts its layers' weights once; autocast over the fp32 weights must agree exactly."""
     classifier = Classifier.load("B", backend="torch-bf16")
@@ -160,6 +164,7 @@ def test_bf16_backend_gives_autocasts_logits_bit_for_bit():
     assert torch.equal(classifier.logits(pixels), expected)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("backend", ["torch-fp32", "torch-bf16"])
 def test_a_traced_classifier_gives_the_eager_logits_bit_for_bit_at_any_batch_size(backend):
     """The server runs traced models (no GIL between layers); it must answer what the release measured."""

@@ -9,6 +9,8 @@ from cifarkit.cli import main
 from cifarkit.config import load_recipe
 from conftest import FLOORS
 
+pytestmark = pytest.mark.e2e
+
 
 def test_cifar10net_learns_on_real_images(cifar_home, tmp_path):
     check = FLOORS["training"]["cifar10net-4-epochs-sample"]

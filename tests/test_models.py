@@ -27,6 +27,7 @@ EXPECTED_PARAMS = {"cifar10net": (815_018, 815_018), "simplecnn": (113_738, 113_
                    "fastnet_proxy": (fastnet_params(32, 64, 64),) * 2}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", models.names())
 def test_registry_model_counts_and_forward(name):
     model = models.create(name)
@@ -36,6 +37,7 @@ def test_registry_model_counts_and_forward(name):
     assert out.shape == (2, 10)
 
 
+@pytest.mark.unit
 def test_a_residual_group_adds_its_pooled_input_back_after_its_third_convolution():
     from cifarkit.models.fastnet import ResidualConvGroup
     group = ResidualConvGroup(8, 16).eval()
@@ -45,6 +47,7 @@ def test_a_residual_group_adds_its_pooled_input_back_after_its_third_convolution
     assert torch.allclose(group(x), torch.nn.functional.gelu(pooled + branch))
 
 
+@pytest.mark.unit
 def test_resnet18_keeps_full_resolution_in_the_stem():
     model = models.create("resnet18")
     stem_convs = [m for m in model.stem if isinstance(m, torch.nn.Conv2d)]
@@ -52,12 +55,14 @@ def test_resnet18_keeps_full_resolution_in_the_stem():
     assert not any(isinstance(m, torch.nn.MaxPool2d) for m in model.modules())
 
 
+@pytest.mark.unit
 def test_unknown_model_lists_the_choices():
     with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, fastnet_deep, "
                                              "fastnet_proxy, fastnet_wide, resnet18, simplecnn"):
         models.create("resnet50")
 
 
+@pytest.mark.unit
 def test_models_command(capsys):
     assert main(["models", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
@@ -70,6 +75,7 @@ def test_models_command(capsys):
     assert "815,018" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
 @pytest.mark.parametrize("padding", [(1, 1, 1, 1), (1, 0, 1, 0)])
 @pytest.mark.parametrize("slice_rows", [10_000, 21])
@@ -124,6 +130,7 @@ def test_pooled_convolutions_skip_only_what_the_pool_drops(model_name, kernel_pl
         torch.testing.assert_close(grad, full, rtol=2e-2, atol=2e-2 * full.abs().max().item())
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("width", [3, 7, 15, 16])
 @pytest.mark.parametrize("pooled", [False, True])
 def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_plan):
@@ -163,6 +170,7 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_pl
         assert conv.eval().path(x) == "plain"
 
 
+@pytest.mark.unit
 def test_each_cpu_gets_the_plan_measured_for_its_bf16_engine(monkeypatch):
     for features, plan in ((["avx2", "avx512", "avx512_bf16", "amx"], "amx"),
                            (["avx2", "avx512", "avx512_bf16"], "no_amx")):

@@ -1,11 +1,14 @@
 """notebooks/quickstart.ipynb, executed top to bottom by a real Jupyter kernel (nbclient) on the fixture data."""
 
 import nbformat
+import pytest
 import yaml
 from nbclient import NotebookClient
 
 from cifarkit.inference import SHIPPED
 from conftest import ROOT
+
+pytestmark = pytest.mark.e2e
 
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 

@@ -8,6 +8,8 @@ from cifarkit import Classifier, data
 from cifarkit.inference import SHIPPED
 from conftest import FIXTURE, FLOORS, ROOT
 
+pytestmark = pytest.mark.e2e
+
 RELEASES = sorted(p.name.removeprefix("version_") for p in SHIPPED.glob("version_*"))
 MAX_BYTES = 10 * 10**6
 REAL_DATA_TOLERANCE = 0.003  # the gate set when the releases shipped: the recorded test accuracy minus 0.3 points

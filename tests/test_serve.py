@@ -28,6 +28,8 @@ from cifarkit.serve import ServeSettings
 from conftest import ROOT
 from servers import running_server
 
+pytestmark = pytest.mark.e2e
+
 IMAGES = ROOT / "examples" / "images"
 CAT = (IMAGES / "cat.png").read_bytes()
 SHIP = (IMAGES / "ship.png").read_bytes()
