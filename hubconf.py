@@ -11,15 +11,15 @@ weights of one architecture (`torch.hub.help(..., "version_a")` names it).
 import sys as _sys
 from pathlib import Path as _Path
 
-dependencies = ["torch", "numpy", "safetensors", "PIL"]  # what importing cifarkit.inference needs
+dependencies = ["torch", "numpy", "safetensors", "PIL"]  # what importing cifarkit.inference.classifier needs
 
 _SRC = _Path(__file__).resolve().parent / "src"
 if _SRC.is_dir() and str(_SRC) not in _sys.path:
     _sys.path.insert(0, str(_SRC))
 
 from cifarkit import models as _models  # noqa: E402  (after the path is set)
-from cifarkit.errors import CifarkitError as _CifarkitError  # noqa: E402
-from cifarkit.inference import Classifier as _Classifier  # noqa: E402
+from cifarkit.core.errors import CifarkitError as _CifarkitError  # noqa: E402
+from cifarkit.inference.classifier import Classifier as _Classifier  # noqa: E402
 
 
 def version_a(backend: str = "auto"):

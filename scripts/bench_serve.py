@@ -428,7 +428,7 @@ def prepare_image(path: Path) -> tuple[bytes, dict]:
     """The body of every request: the image box-reduced to 32 x 32, as cifarkit's preprocessing reduces it, PNG."""
     from PIL import Image
 
-    from cifarkit.files import portable
+    from cifarkit.core.files import portable
     with Image.open(path) as im:
         source = {"source": portable(path), "source_format": im.format, "source_size": list(im.size)}
         buffer = io.BytesIO()
@@ -443,8 +443,8 @@ def model_alone(model: str, backend: str) -> dict:
     ceiling the server's req/s is to be read against."""
     import torch
 
-    from cifarkit.inference import Classifier
-    from cifarkit.serve import ServeSettings
+    from cifarkit.inference.classifier import Classifier
+    from cifarkit.serving.serve import ServeSettings
     torch.set_num_threads(ServeSettings().model_threads())
     classifier = Classifier.load(model, backend=backend, traced=True)
     figures = {"backend": classifier.backend, "traced": classifier.traced, "threads": torch.get_num_threads()}
@@ -481,8 +481,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from importlib.metadata import distributions
 
-    from cifarkit.device import report as environment
-    from cifarkit.files import portable, write_json
+    from cifarkit.core.device import report as environment
+    from cifarkit.core.files import portable, write_json
     common = ["--model", args.model, "--backend", args.backend, *shlex.split(args.serve_args)]
     load_before = os.getloadavg()
     body, image = prepare_image(ROOT / "examples" / "images" / "cat.png")

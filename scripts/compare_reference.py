@@ -207,16 +207,16 @@ def write_reference_data(folder: Path, subset: int | None) -> None:
     class-balanced, as cifarkit's --subset draws them."""
     import torch
 
-    from cifarkit import data
-    dataset = data.load()
+    from cifarkit.data import cifar10
+    dataset = cifar10.load()
     train_x, train_y = dataset.train_x, dataset.train_y
     if subset:
-        chosen = data.balanced_indices(train_y, subset, torch.Generator().manual_seed(0))
+        chosen = cifar10.balanced_indices(train_y, subset, torch.Generator().manual_seed(0))
         train_x, train_y = train_x[chosen], train_y[chosen]
     folder.mkdir(parents=True)
     for name, images, labels in (("train.pt", train_x, train_y), ("test.pt", dataset.test_x, dataset.test_y)):
         torch.save({"images": images.permute(0, 2, 3, 1).contiguous(), "labels": labels,
-                    "classes": list(data.CLASSES)}, folder / name)
+                    "classes": list(cifar10.CLASSES)}, folder / name)
 
 
 def timed(command: list[str], env: dict) -> tuple[float, str]:
@@ -232,11 +232,13 @@ def six_view_accuracy(run_dir: Path, precision_name: str) -> float:
     """The test accuracy of a run's weights with 6 views of every image, the references' TTA, in `precision_name`."""
     import torch
 
-    from cifarkit import checkpoint, data, device
-    from cifarkit.engine import evaluate
-    model, meta = checkpoint.load_weights(run_dir / "model.safetensors")
+    from cifarkit.artifacts import weights
+    from cifarkit.core import device
+    from cifarkit.data import cifar10
+    from cifarkit.training.engine import evaluate
+    model, meta = weights.load_weights(run_dir / "model.safetensors")
     cpu = torch.device("cpu")
-    dataset = data.load()
+    dataset = cifar10.load()
     result = evaluate(model.to(memory_format=torch.channels_last), dataset.test_x, dataset.test_y, meta["mean"],
                       meta["std"], cpu, device.PRECISIONS[precision_name], tta=True, tta_share=1.0)
     return result["acc"]
@@ -256,7 +258,7 @@ def cifarkit_run(recipe: str, seed: int, subset: int | None, folder: Path, env: 
 
 
 def side_summary(runs: list[dict], with_six_views: bool) -> dict:
-    from cifarkit.speedrun import statistics_against
+    from cifarkit.tools.speedrun import statistics_against
     summary = {"accuracy": statistics_against([r["test_acc"] for r in runs], 0.94),
                "wall_time_s": statistics.fmean(r["wall_time_s"] for r in runs),
                "train_time_s": statistics.fmean(r["train_time_s"] for r in runs), "runs": runs}
@@ -300,8 +302,10 @@ def main() -> None:
 
     import torch
 
-    from cifarkit import allocator, backends, device, optim
-    from cifarkit.files import portable, write_json
+    from cifarkit.core import allocator, device
+    from cifarkit.core.files import portable, write_json
+    from cifarkit.inference import backends
+    from cifarkit.training import optim
     cpu = torch.device("cpu")
     precision = device.pick_precision("auto", cpu).name
     newton_schulz = str(optim.newton_schulz_dtype(cpu)).removeprefix("torch.")

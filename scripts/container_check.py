@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELHOUSE = ROOT / "wheelhouse"
-EXAMPLES = ROOT / "src" / "cifarkit" / "web" / "examples"
+EXAMPLES = ROOT / "src" / "cifarkit" / "serving" / "web" / "examples"
 DEFAULT_BASE = "localhost/cifarkit-base:bookworm"
 TORCH_STANDIN = "localhost/cifarkit-torch-standin:bookworm"
 CONTAINER_PORT = 8000
@@ -285,7 +285,7 @@ def main() -> int:
         print("error: run as root: podman's root storage and debootstrap need it", file=sys.stderr)
         return 1
     if args.data is None:
-        from cifarkit.files import home
+        from cifarkit.core.files import home
         args.data = home()
     log = Path(tempfile.gettempdir()) / "cifarkit-container-check.log"
     log.write_text("")
@@ -301,7 +301,7 @@ def main() -> int:
     result["command"] = "python scripts/container_check.py" + (" --no-cuda" if args.no_cuda else "")
     print("\n".join(summary_lines(result)))
     if args.json:
-        from cifarkit.files import write_json
+        from cifarkit.core.files import write_json
         write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0

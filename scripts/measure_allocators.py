@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from cifarkit import allocator, backends, device
-from cifarkit.files import write_json
+from cifarkit.core import allocator, device
+from cifarkit.core.files import write_json
+from cifarkit.inference import backends
 
 ROOT = Path(__file__).resolve().parent.parent
 # CIFARKIT_ALLOCATOR value of each allocator: "system" keeps glibc's malloc as it is.

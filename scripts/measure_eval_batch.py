@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 
-from cifarkit import backends, device, models
-from cifarkit.engine import evaluate
-from cifarkit.files import write_json
+from cifarkit import models
+from cifarkit.core import device
+from cifarkit.core.files import write_json
+from cifarkit.inference import backends
+from cifarkit.training.engine import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 # Images per timed pass: enough for several batches of the largest size, few enough for the slowest model.

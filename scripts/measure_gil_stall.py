@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cifarkit import device
-from cifarkit.files import write_json
-from cifarkit.inference import Classifier
+from cifarkit.core import device
+from cifarkit.core.files import write_json
+from cifarkit.inference.classifier import Classifier
 
 ROOT = Path(__file__).resolve().parent.parent
 

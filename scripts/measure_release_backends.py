@@ -3,11 +3,11 @@
     python scripts/measure_release_backends.py --real-data PATH_TO/cifar-10-python.tar.gz
     python scripts/measure_release_backends.py --real-data PATH --releases B --no-accuracy   # speeds only
 
-`auto` (cifarkit.backends) needs two things from a release: each backend's test accuracy and top-1 agreement with
-fp32 on the 10,000 test images (the accuracy rule), and each backend's speed on a CPU of the kind that runs it.
-This writes both for the CPU kind of this machine: `inference.test_acc_by_backend` (with where it was measured) and
-`inference.speed_by_cpu_kind[KIND]`. The weights, config, preprocess and model card are not touched, so the
-release's recorded sha256s still hold.
+`auto` (cifarkit.inference.backends) needs two things from a release: each backend's test accuracy and top-1
+agreement with fp32 on the 10,000 test images (the accuracy rule), and each backend's speed on a CPU of the kind
+that runs it. This writes both for the CPU kind of this machine: `inference.test_acc_by_backend` (with where it was
+measured) and `inference.speed_by_cpu_kind[KIND]`. The weights, config, preprocess and model card are not touched, so
+the release's recorded sha256s still hold.
 """
 from __future__ import annotations
 
@@ -18,9 +18,13 @@ from datetime import datetime, timezone
 
 import torch
 
-from cifarkit import backends, data, device, release
-from cifarkit.files import write_json
-from cifarkit.inference import SHIPPED, Classifier, read_metrics
+from cifarkit.artifacts.releases import SHIPPED, read_metrics
+from cifarkit.core import device
+from cifarkit.core.files import write_json
+from cifarkit.data import cifar10
+from cifarkit.inference import backends
+from cifarkit.inference.classifier import Classifier
+from cifarkit.release import build
 
 
 def measure(version: str, accuracy: bool) -> dict:
@@ -28,19 +32,19 @@ def measure(version: str, accuracy: bool) -> dict:
     metrics = read_metrics(folder)
     inference = metrics["inference"]
     classifiers = {backend: Classifier.load(folder, backend=backend) for backend in backends.BACKENDS}
-    dataset = data.load()
+    dataset = cifar10.load()
     pixels, labels = dataset.test_x.permute(0, 2, 3, 1).numpy(), dataset.test_y.numpy()
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     kind = backends.cpu_kind()
     if accuracy:
-        accuracies, agreements = release.backend_accuracies(classifiers, pixels, labels)
+        accuracies, agreements = build.backend_accuracies(classifiers, pixels, labels)
         for backend, value in accuracies.items():
             print(f"{version} {backend}: {100 * value:.2f}%, agreeing with fp32 on {100 * agreements[backend]:.2f}%")
         inference["test_acc_by_backend"], inference["top1_agreement_with_fp32"] = accuracies, agreements
         inference["test_acc_by_backend_measured"] = {"cpu_kind": kind, "measured": now,
                                                      "command": "python scripts/measure_release_backends.py"}
         inference["accuracy_rule"] = backends.ACCURACY_RULE
-    rows = release.throughput_rows(classifiers, pixels)
+    rows = build.throughput_rows(classifiers, pixels)
     inference.setdefault("speed_by_cpu_kind", {})[kind] = {
         "measured_on": device.report(torch.device("cpu")), "measured": now,
         "command": "python scripts/measure_release_backends.py",

@@ -76,8 +76,9 @@ def transforms(quality: int) -> dict:
 
 
 def measure(pixels: np.ndarray, labels: np.ndarray, quality: int) -> dict:
-    from cifarkit import Classifier, preprocess
-    from cifarkit.inference import SHIPPED
+    from cifarkit import Classifier
+    from cifarkit.artifacts import preprocess
+    from cifarkit.artifacts.releases import SHIPPED
     versions = sorted(p.name.removeprefix("version_") for p in SHIPPED.glob("version_*"))
     classifiers = {v: Classifier.pretrained(v) for v in versions}
 
@@ -150,9 +151,9 @@ def main() -> None:
         os.environ["CIFARKIT_DATA"] = args.real_data
         import PIL
 
-        from cifarkit import data
-        from cifarkit.files import write_json
-        dataset = data.load()
+        from cifarkit.core.files import write_json
+        from cifarkit.data import cifar10
+        dataset = cifar10.load()
         labels = dataset.train_y.numpy()
         chosen = held_out(labels, args.images, args.seed)
         result = measure(dataset.train_x[chosen].permute(0, 2, 3, 1).numpy(), labels[chosen], args.quality)

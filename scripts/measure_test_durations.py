@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from cifarkit import backends, device
-from cifarkit.files import write_json
+from cifarkit.core import device
+from cifarkit.core.files import write_json
+from cifarkit.inference import backends
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "results" / "test-durations.json"

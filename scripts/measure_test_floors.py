@@ -30,9 +30,9 @@ TRAINING_MARGIN = 0.05
 # A shipped release is judged by fixed weights on fixed images: only kernel rounding differs between CPUs, so the
 # margin is one point (5 of the fixture's 500 test images).
 RELEASE_MARGIN = 0.01
-# The gate reads each release through the backend `auto` picks on the CPU that runs it (cifarkit.backends), so each
-# backend's floor is measured; they guard the weights and the model's code, each backend's agreement with fp32 is
-# measured by the release itself.
+# The gate reads each release through the backend `auto` picks on the CPU that runs it (cifarkit.inference.backends),
+# so each backend's floor is measured; they guard the weights and the model's code, each backend's agreement with
+# fp32 is measured by the release itself.
 TRAINING_CHECKS = {
     # test_fast.py: one epoch of the fast recipe on 1,000 of the committed sample's training images, all 500 test
     # images
@@ -85,9 +85,11 @@ def measure_training(name: str, check: dict, scratch: Path) -> dict:
 
 def measure_releases() -> dict:
     """Single-view accuracy of each shipped release through each backend, on the sample's 500 test images."""
-    from cifarkit import Classifier, backends, data
-    from cifarkit.inference import SHIPPED
-    sample = data.load_cache(FIXTURE)
+    from cifarkit import Classifier
+    from cifarkit.artifacts.releases import SHIPPED
+    from cifarkit.data import cifar10
+    from cifarkit.inference import backends
+    sample = cifar10.load_cache(FIXTURE)
     pixels, labels = sample.test_x.permute(0, 2, 3, 1).numpy(), sample.test_y.tolist()
     result = {}
     for folder in sorted(SHIPPED.glob("version_*")):
@@ -123,8 +125,8 @@ def main() -> None:
             checks[name] = measure_training(name, check, scratch)
         import torch
 
-        from cifarkit import device
-        from cifarkit.files import write_json
+        from cifarkit.core import device
+        from cifarkit.core.files import write_json
         measured = {"measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "environment": device.report(torch.device("cpu"))}
         for name in checks:  # when each check was measured, and where: they may differ once --only was used

@@ -15,10 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cifarkit import backends, models, release
-from cifarkit.benchmark import device_table
-from cifarkit.files import write_text
-from cifarkit.inference import SHIPPED
+from cifarkit import models
+from cifarkit.artifacts.releases import SHIPPED
+from cifarkit.core.files import write_text
+from cifarkit.inference import backends
+from cifarkit.release import build
+from cifarkit.tools.benchmark import device_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -32,20 +34,57 @@ def models_block() -> str:
     return "\n".join(lines)
 
 
-def contracts_block() -> str:
-    """The import rules of pyproject.toml's [tool.importlinter], which `lint-imports` checks in CI: one row each, with
-    the imports it still tolerates."""
+def _importlinter() -> dict:
     import tomllib
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
-    lines = ["| rule | modules | may not import | tolerated for now |", "|---|---|---|---|"]
-    for contract in config["contracts"]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def _summary(path: Path) -> str:
+    """The first sentence of a module's (or a package's __init__'s) docstring."""
+    import ast
+    paragraph = " ".join((ast.get_docstring(ast.parse(path.read_text())) or "").split("\n\n")[0].split())
+    return re.split(r"(?<=\.) ", paragraph)[0].rstrip(".")
+
+
+def layers_block() -> str:
+    """The layer map of pyproject.toml's `layers` contract, top to bottom, each layer with its modules and what it
+    is, read from the package itself, so the map cannot drift from the code or from what `lint-imports` checks."""
+    package = ROOT / "src" / "cifarkit"
+    [contract] = [c for c in _importlinter()["contracts"] if c["type"] == "layers"]
+    lines = ["| layer (imports only from the rows below it) | modules | what it is |", "|---|---|---|"]
+    for level in contract["layers"]:
+        for name in (part.strip() for part in level.split("|")):
+            folder = package / name
+            init = folder / "__init__.py" if folder.is_dir() else package / f"{name}.py"
+            modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__") if folder.is_dir() else []
+            shown = f"`{name}`" + (" (independent of the other in this row)" if "|" in level else "")
+            lines.append(f"| {shown} | {', '.join(modules) or '-'} | {_summary(init)} |")
+    return "\n".join(lines)
+
+
+def modules_block() -> str:
+    """Every module of the package with the first sentence of its docstring, by layer folder."""
+    package = ROOT / "src" / "cifarkit"
+    lines = ["| module | what it holds |", "|---|---|"]
+    for path in sorted(package.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py") or "pretrained" in path.parts:
+            continue
+        lines.append(f"| `{path.relative_to(package).as_posix()}` | {_summary(path)} |")
+    return "\n".join(lines)
+
+
+def contracts_block() -> str:
+    """The other import rules of pyproject.toml's [tool.importlinter], which `lint-imports` checks in CI."""
+    lines = ["| rule | modules | may not import |", "|---|---|---|"]
+    for contract in _importlinter()["contracts"]:
+        if contract["type"] == "layers":
+            continue
         if contract["type"] == "acyclic_siblings":
             sources, forbidden = contract["ancestors"], ["one another in a cycle"]
         else:
             sources, forbidden = contract["source_modules"], contract["forbidden_modules"]
-        tolerated = "; ".join(f"`{rule}`" for rule in contract.get("ignore_imports", [])) or "none"
         lines.append(f"| {contract['name']} | {', '.join(f'`{m}`' for m in sources)} | "
-                     f"{', '.join(f'`{m}`' for m in forbidden)} | {tolerated} |")
+                     f"{', '.join(f'`{m}`' for m in forbidden)} |")
     return "\n".join(lines)
 
 
@@ -172,11 +211,12 @@ def machine_speeds(runs: list[dict]) -> str:
 
 
 def releases_block() -> str:
-    return release.compare(SHIPPED, RESULTS / "releases.png")
+    return build.compare(SHIPPED, RESULTS / "releases.png")
 
 
 def inference_block() -> str:
-    """Each shipped release's speeds per CPU kind measured, and what `auto` picks on that kind (cifarkit.backends)."""
+    """Each shipped release's speeds per CPU kind measured, and what `auto` picks on that kind
+    (cifarkit.inference.backends)."""
     lines = ["| release | CPU kind | backend | img/s, batch 1 | ms, batch 1 | img/s, batch 256 | test acc | "
              "top-1 = fp32 |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for path in sorted(SHIPPED.glob("version_*/metrics.json")):
@@ -406,7 +446,8 @@ BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedr
           "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block,
           "predict": predict_block, "serve": serve_block,
           "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
-          "containers": containers_block, "contracts": contracts_block}
+          "containers": containers_block, "contracts": contracts_block, "layers": layers_block,
+          "modules": modules_block}
 
 
 def pages() -> list[Path]:

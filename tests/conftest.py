@@ -64,7 +64,7 @@ def quick_machine_probe(monkeypatch):
     """Speed runs probe the machine before and after each run (benchmark.PROBE): fastnet at batch 256 takes seconds
     per probe in fp32 on one core of an AVX2 CPU. The tests check that the probe is taken and recorded, not its
     figure, so they probe the proxy net on small batches."""
-    from cifarkit import benchmark
+    from cifarkit.tools import benchmark
     monkeypatch.setattr(benchmark, "PROBE", {"model": "fastnet_proxy", "batch_size": 32, "steps": 2})
 
 
@@ -118,24 +118,25 @@ def synthetic_archive(tmp_path_factory):
 @pytest.fixture(scope="session")
 def released(tmp_path_factory):
     """A release of a one-epoch SimpleCNN run on the fixture data, made once per session (speed measured briefly)."""
-    from cifarkit import release, train
-    from cifarkit.config import load_recipe
+    from cifarkit.release import build
+    from cifarkit.training import train
+    from cifarkit.training.config import load_recipe
     root = tmp_path_factory.mktemp("released")
     (root / "home").mkdir()
     shutil.copy(FIXTURE, root / "home" / "cifar10.safetensors")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CIFARKIT_HOME", str(root / "home"))
         patch.delenv("CIFARKIT_DATA", raising=False)
-        patch.setattr(release, "INFERENCE_ROUNDS", 1)
-        patch.setattr(release, "SECONDS_PER_SAMPLE", 0.05)
+        patch.setattr(build, "INFERENCE_ROUNDS", 1)
+        patch.setattr(build, "SECONDS_PER_SAMPLE", 0.05)
         train.run(load_recipe("simplecnn", ["train.epochs=1", "data.subset=500"]), out=root / "run")
-        return release.make_release(root / "run", "T", root / "models")
+        return build.make_release(root / "run", "T", root / "models")
 
 
 def interrupt_as_epoch_starts(monkeypatch, epoch: int):
     """Make train.run raise KeyboardInterrupt (a Ctrl-C) as `epoch` starts, after the epoch before it was checkpointed;
     returns the real train_one_epoch, to put back before the run is resumed."""
-    from cifarkit import train
+    from cifarkit.training import train
     real_epoch, started = train.train_one_epoch, []
 
     def interrupted(*args, **kwargs):

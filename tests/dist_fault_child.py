@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
-from cifarkit import train
 from cifarkit.cli import main
+from cifarkit.training import train
 
 real_train_one_epoch, epochs_started = train.train_one_epoch, [0]
 

@@ -39,19 +39,19 @@ def kill_on_nth_replace(file_name: str, nth: int):
 
 
 def kill_in_epoch(epoch_to_kill: int, after_steps: int):
-    from cifarkit import data
-    real_epoch = data.TrainLoader.epoch
+    from cifarkit.data import loader
+    real_epoch = loader.TrainLoader.epoch
 
     def epoch(self, number):
         for step, batch in enumerate(real_epoch(self, number)):
             if number == epoch_to_kill and step == after_steps:
                 die()
             yield batch
-    data.TrainLoader.epoch = epoch
+    loader.TrainLoader.epoch = epoch
 
 
 def kill_on_nth_tta_evaluation(nth: int):
-    from cifarkit import train
+    from cifarkit.training import train
     real_evaluate, seen = train.evaluate, [0]
 
     def evaluate(*args, **kwargs):
@@ -73,11 +73,11 @@ POINTS = {
     "mid-epoch": lambda: kill_in_epoch(2, 2),
     "checkpoint-write": lambda: kill_on_nth_replace("last.pt", 2),
     "last-epoch-eval": lambda: kill_on_nth_tta_evaluation(1),
-    "after-last-checkpoint": lambda: kill_when_called("cifarkit.plots", "curves"),
+    "after-last-checkpoint": lambda: kill_when_called("cifarkit.training.plots", "curves"),
     "final-eval": lambda: kill_on_nth_tta_evaluation(3),  # after the last epoch's validation and test passes
     "weights-write": lambda: kill_on_nth_replace("model.safetensors", 1),
     "summary-write": lambda: kill_on_nth_replace("summary.json", 1),
-    "release-measure": lambda: kill_when_called("cifarkit.benchmark", "inference_throughput"),
+    "release-measure": lambda: kill_when_called("cifarkit.tools.benchmark", "inference_throughput"),
     "cache-write": lambda: kill_on_nth_replace("cifar10.safetensors", 1),
 }
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from cifarkit import allocator
+from cifarkit.core import allocator
 
 TRAIN = ["train", "--recipe", "simplecnn", "--set", "train.epochs=1", "--set", "data.subset=100", "--set",
          "train.batch_size=50"]

@@ -1,9 +1,10 @@
 import pytest
 import torch
 
-from cifarkit import config, data
-from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig
-from cifarkit.errors import CifarkitError
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data import loader
+from cifarkit.data.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig
+from cifarkit.training import config
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +22,7 @@ ALL = AugmentConfig(crop_pad=4, translate=2, flip=True, cutout=16)
 
 @pytest.mark.parametrize("cfg", [AugmentConfig(), ALL, AugmentConfig(autoaugment="cifar10", crop_pad=4, flip=True)])
 def test_shape_dtype_and_range(cfg):
-    out = data.augment(images(), cfg, CIFAR10_MEAN, CIFAR10_STD, gen())
+    out = loader.augment(images(), cfg, CIFAR10_MEAN, CIFAR10_STD, gen())
     assert out.shape == (64, 3, 32, 32) and out.dtype == torch.float32
     lowest = min((0 - m) / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD))
     highest = max((1 - m) / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD))
@@ -31,9 +32,9 @@ def test_shape_dtype_and_range(cfg):
 @pytest.mark.parametrize("cfg", [ALL, AugmentConfig(autoaugment="cifar10")])
 def test_seeded(cfg):
     x = images()
-    a = data.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(1))
-    b = data.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(1))
-    c = data.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(2))
+    a = loader.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(1))
+    b = loader.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(1))
+    c = loader.augment(x, cfg, CIFAR10_MEAN, CIFAR10_STD, gen(2))
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -41,20 +42,20 @@ def test_autoaugment_leaves_the_global_rng_alone():
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    data.augment(images(8), AugmentConfig(autoaugment="cifar10"), CIFAR10_MEAN, CIFAR10_STD, gen())
+    loader.augment(images(8), AugmentConfig(autoaugment="cifar10"), CIFAR10_MEAN, CIFAR10_STD, gen())
     assert torch.equal(torch.rand(3), expected)
 
 
 def test_normalize_uses_the_cifar_statistics():
     x = torch.full((1, 3, 32, 32), 128, dtype=torch.uint8)
-    out = data.normalize(x, CIFAR10_MEAN, CIFAR10_STD)
+    out = loader.normalize(x, CIFAR10_MEAN, CIFAR10_STD)
     for c in range(3):
         assert out[0, c].unique().item() == pytest.approx((128 / 255 - CIFAR10_MEAN[c]) / CIFAR10_STD[c], rel=1e-5)
 
 
 def test_random_crop_is_a_shifted_window_of_the_zero_padded_image():
     x = images(32)
-    out = data.random_shift(x, 4, "constant", gen(3))
+    out = loader.random_shift(x, 4, "constant", gen(3))
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     for i in range(len(x)):
         windows = [(dy, dx) for dy in range(9) for dx in range(9)
@@ -65,7 +66,7 @@ def test_random_crop_is_a_shifted_window_of_the_zero_padded_image():
 
 def test_flip_mirrors_about_half_the_images():
     x = images(400)
-    out = data.random_flip(x, gen())
+    out = loader.random_flip(x, gen())
     flipped = sum(torch.equal(o, i.flip(2)) for o, i in zip(out, x))
     kept = sum(torch.equal(o, i) for o, i in zip(out, x))
     assert flipped + kept == 400 and 140 < flipped < 260
@@ -73,7 +74,7 @@ def test_flip_mirrors_about_half_the_images():
 
 def test_cutout_zeroes_at_most_a_16_pixel_square():
     x = torch.ones(200, 3, 32, 32)
-    out = data.cutout(x, 16, gen())
+    out = loader.cutout(x, 16, gen())
     zeros = (out[:, 0] == 0).sum(dim=(1, 2))
     assert zeros.max() == 256 and zeros.min() >= 64  # a centre in a corner still clips to 8x8
     assert torch.equal(out[:, 0] == 0, out[:, 2] == 0)  # the same square in every channel
@@ -81,7 +82,7 @@ def test_cutout_zeroes_at_most_a_16_pixel_square():
 
 def test_early_crop_is_a_window_of_the_translated_image():
     x = images(32)
-    out = data.augment(x, AugmentConfig(translate=2), (0, 0, 0), (1 / 255,) * 3, gen(4), crop=24)
+    out = loader.augment(x, AugmentConfig(translate=2), (0, 0, 0), (1 / 255,) * 3, gen(4), crop=24)
     assert out.shape == (32, 3, 24, 24) and out.is_contiguous(memory_format=torch.channels_last)
     padded = torch.nn.functional.pad(x.float(), (2, 2, 2, 2), mode="reflect")
     offsets = set()
@@ -95,8 +96,8 @@ def test_early_crop_is_a_window_of_the_translated_image():
 
 def test_loader_crops_only_the_early_epochs():
     cfg = DataConfig(augment=AugmentConfig(translate=2, early_crop=20, early_crop_epochs=2))
-    loader = data.TrainLoader(images(64), torch.arange(64) % 10, 32, cfg, seed=0)
-    sizes = [{tuple(inputs.shape[2:]) for batch in loader.epoch(e) for inputs, _ in batch} for e in (1, 2, 3)]
+    batches = loader.TrainLoader(images(64), torch.arange(64) % 10, 32, cfg, seed=0)
+    sizes = [{tuple(inputs.shape[2:]) for batch in batches.epoch(e) for inputs, _ in batch} for e in (1, 2, 3)]
     assert sizes == [{(20, 20)}, {(20, 20)}, {(32, 32)}]
 
 
@@ -109,15 +110,15 @@ def test_bad_early_crop_is_refused(crop, epochs, problem):
 
 def test_color_jitter_shifts_and_scales_each_image_by_one_draw_in_range():
     x = torch.randn(300, 3, 8, 8)
-    shifted = data.color_jitter(x, 0.2, 0.0, gen())
+    shifted = loader.color_jitter(x, 0.2, 0.0, gen())
     shift = (shifted - x).flatten(1)
     assert torch.allclose(shift, shift[:, :1].expand_as(shift), atol=1e-6)  # one brightness per image
     assert shift.abs().max() <= 0.2 and shift[:, 0].std() > 0.08  # spread over the range, not a constant
-    scaled = data.color_jitter(x, 0.0, 0.3, gen())
+    scaled = loader.color_jitter(x, 0.0, 0.3, gen())
     scale = (scaled / x).flatten(1)
     assert torch.allclose(scale, scale[:, :1].expand_as(scale), atol=1e-4)  # one contrast per image
     assert ((scale - 1).abs().max() <= 0.3) and scale[:, 0].std() > 0.12
-    assert torch.equal(data.color_jitter(x, 0.2, 0.3, gen(5)), data.color_jitter(x, 0.2, 0.3, gen(5)))
+    assert torch.equal(loader.color_jitter(x, 0.2, 0.3, gen(5)), loader.color_jitter(x, 0.2, 0.3, gen(5)))
 
 
 @pytest.mark.parametrize("key, value", [("brightness", -0.1), ("contrast", 1.0)])

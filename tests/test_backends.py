@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
-from cifarkit import Classifier, backends, device
-from cifarkit.inference import SHIPPED
+from cifarkit import Classifier
+from cifarkit.artifacts.releases import SHIPPED
+from cifarkit.core import device
+from cifarkit.inference import backends
 
 pytestmark = pytest.mark.unit
 
@@ -128,11 +130,12 @@ def test_onednn_s_isa_cap_removes_the_features_above_it(monkeypatch, cap, featur
 @pytest.mark.parametrize("threads", [1, 2])
 def test_onnxruntime_runs_on_torch_s_thread_count(threads):
     """One thread setting for every backend: a worker given one core must not spin a second onnxruntime thread."""
-    from cifarkit import export, models
+    from cifarkit import models
+    from cifarkit.inference import runtime
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        session = export.onnx_session(export.onnx_bytes(models.create("simplecnn").eval()))
+        session = runtime.onnx_session(runtime.onnx_bytes(models.create("simplecnn").eval()))
     finally:
         torch.set_num_threads(before)
     assert session.get_session_options().intra_op_num_threads == threads

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from cifarkit import backends
+from cifarkit.inference import backends
 from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.e2e

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from cifarkit import plots
 from cifarkit.cli import main
+from cifarkit.training import plots
 
 MAGIC = {".png": b"\x89PNG\r\n\x1a\n", ".jpg": b"\xff\xd8\xff", ".JPEG": b"\xff\xd8\xff", ".pdf": b"%PDF",
          ".svg": b"<?xml"}
@@ -88,7 +88,7 @@ def test_speedrun_chart_title_says_when_nothing_was_overridden(tmp_path):
 
 def test_writing_a_figure_leaves_the_users_matplotlib_backend_alone(tmp_path):
     # A notebook's inline backend, or a desktop's window, must survive `import cifarkit` and the charts it writes.
-    code = ("import sys, matplotlib; matplotlib.use('svg'); from cifarkit import plots; "
+    code = ("import sys, matplotlib; matplotlib.use('svg'); from cifarkit.training import plots; "
             "plots.curves([{'epoch': 1, 'train_loss': 1.0, 'train_acc': 0.5}], sys.argv[1]); "
             "import matplotlib.pyplot; print(matplotlib.get_backend(), len(matplotlib.pyplot.get_fignums()))")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.png")], capture_output=True, text=True,

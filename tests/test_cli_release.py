@@ -13,8 +13,10 @@ import torch
 import yaml
 from PIL import Image
 
-from cifarkit import CIFAR10Classifier, Classifier, data, release
+from cifarkit import CIFAR10Classifier, Classifier
 from cifarkit.cli import main
+from cifarkit.data import cifar10
+from cifarkit.release import build
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def workdir(released, cifar_home, tmp_path, monkeypatch):
 @pytest.fixture
 def image(cifar_home, tmp_path):
     path = tmp_path / "image.png"
-    Image.fromarray(data.load().test_x[0].permute(1, 2, 0).numpy()).save(path)
+    Image.fromarray(cifar10.load().test_x[0].permute(1, 2, 0).numpy()).save(path)
     return path
 
 
@@ -128,7 +130,7 @@ def test_eval_reports_the_number_the_release_records_in_fp32(workdir, capsys, ca
 def test_a_speedrun_of_other_settings_is_refused_before_anything_is_measured(run_dir, tmp_path, monkeypatch,
                                                                                capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(release.data, "load", lambda: pytest.fail("measuring began"))
+    monkeypatch.setattr(build.cifar10, "load", lambda: pytest.fail("measuring began"))
     other = speedrun_report(tmp_path / "speedrun.json", ["train.epochs=2", "data.subset=500"])
     assert main(["release", str(run_dir), "--name", "C", "--speedrun", str(other)]) == 2
     assert error_line(capsys) == (f"{other} is a speedrun of another recipe than this run's (train.epochs 2 there, "
@@ -160,8 +162,8 @@ def test_a_release_card_says_what_the_run_and_its_speedrun_did(released, run_dir
                             (True, "with mirror + 1-pixel-shift TTA, as the recipe evaluates")):
         run_config["train"]["tta"] = tta
         report = speedrun_report(tmp_path / "speedrun.json", overrides + [f"train.tta={tta}"])
-        spread = release.speedrun_figures(report, run_config)
-        card = release.model_card({**metrics, "speedrun": spread}, config)
+        spread = build.speedrun_figures(report, run_config)
+        card = build.model_card({**metrics, "speedrun": spread}, config)
         assert f"Over 2 seeds of the same recipe ({evaluation}): mean 31.00%, std 1.00." in card
 
 

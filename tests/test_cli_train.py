@@ -18,9 +18,11 @@ import pytest
 import torch
 import yaml
 
-from cifarkit import data, device, speedrun
 from cifarkit.cli import GRID_MAX, main, options
-from cifarkit.config import MAX_SEED, explain
+from cifarkit.core import device
+from cifarkit.data import cifar10, loader
+from cifarkit.tools import speedrun
+from cifarkit.training.config import MAX_SEED, explain
 
 TINY = ["--recipe", "simplecnn", "--subset", "200", "--epochs", "1", "--batch-size", "50"]
 
@@ -115,19 +117,20 @@ def test_a_url_is_named_as_given_and_refused(empty_home, monkeypatch, capsys):
 def test_data_info_names_the_archive_not_its_fingerprint(cifar_home, tmp_path, capsys):
     archive = tmp_path / "cifar-10-python.tar.gz"
     archive.write_bytes(b"stands in for the archive the cache was made from")
-    cached = data.load_cache()
+    cached = cifar10.load_cache()
     tensors = {"train_x": cached.train_x, "train_y": cached.train_y.to(torch.uint8), "test_x": cached.test_x,
                "test_y": cached.test_y.to(torch.uint8)}
-    data.save_cache(tensors, cached.sha256, data.source_key(archive))
+    cifar10.save_cache(tensors, cached.sha256, cifar10.source_key(archive))
     assert main(["data", "info"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"source: {archive.resolve()}"
-    os.makedirs(data.home() / "downloads")
-    official = data.home() / "downloads" / data.ARCHIVE_NAME
+    os.makedirs(cifar10.home() / "downloads")
+    official = cifar10.home() / "downloads" / cifar10.ARCHIVE_NAME
     official.write_bytes(b"x")
-    data.save_cache(tensors, cached.sha256, data.source_key(official))
+    cifar10.save_cache(tensors, cached.sha256, cifar10.source_key(official))
     official.unlink()  # as after a download: the archive is deleted once imported
     assert main(["data", "info", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["source"] == f"the official archive, downloaded from {data.OFFICIAL_URL}"
+    source = json.loads(capsys.readouterr().out)["source"]
+    assert source == f"the official archive, downloaded from {cifar10.OFFICIAL_URL}"
 
 
 # --- hints point the right way ----------------------------------------------------------------------------------
@@ -140,8 +143,8 @@ def test_bench_names_its_own_option_for_an_unusable_mode(capsys):
 
 
 def test_a_nan_in_epoch_1_does_not_promise_a_checkpoint(cifar_home, tmp_path, monkeypatch, capsys):
-    real_augment = data.augment
-    monkeypatch.setattr(data, "augment", lambda *args, **kwargs: real_augment(*args, **kwargs) * float("nan"))
+    real_augment = loader.augment
+    monkeypatch.setattr(loader, "augment", lambda *args, **kwargs: real_augment(*args, **kwargs) * float("nan"))
     assert main(["train", *TINY, "--out", str(tmp_path / "run")]) == 2
     assert error_line(capsys) == (
         "cifarkit: error: training diverged: the loss became NaN/inf by step 4 of epoch 1; lower the learning rate "

@@ -1,8 +1,8 @@
 import pytest
 
 from cifarkit.cli import DEFAULT_RECIPE, main
-from cifarkit.config import builtin_recipes, load_recipe
-from cifarkit.errors import CifarkitError
+from cifarkit.core.errors import CifarkitError
+from cifarkit.training.config import builtin_recipes, load_recipe
 
 pytestmark = pytest.mark.unit
 

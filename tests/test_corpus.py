@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from cifarkit import Classifier, preprocess
+from cifarkit import Classifier
+from cifarkit.artifacts import preprocess
 from cifarkit.cli import main
 
 ORIENTATION = 0x0112  # the EXIF tag

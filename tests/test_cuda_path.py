@@ -8,10 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cifarkit import checkpoint, data, models, train
-from cifarkit.config import DataConfig, load_recipe
-from cifarkit.device import PRECISIONS
-from cifarkit.engine import ClassificationLoss, TrainState, train_one_epoch
+from cifarkit import models
+from cifarkit.core.device import PRECISIONS
+from cifarkit.data import loader
+from cifarkit.data.config import DataConfig
+from cifarkit.training import checkpoint, train
+from cifarkit.training.config import load_recipe
+from cifarkit.training.engine import ClassificationLoss, TrainState, train_one_epoch
 
 
 @pytest.fixture
@@ -71,8 +74,8 @@ def test_overflowing_fp16_gradients_skip_the_step_and_back_off_the_scale(grad_cl
                        ema=None)
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(8) % 10
-    loader = data.TrainLoader(images, labels, batch_size=8, cfg=DataConfig(), seed=0)
-    train_one_epoch(state, loader.epoch(1), 1, 8, ClassificationLoss(), torch.device("cpu"),
+    batches = loader.TrainLoader(images, labels, batch_size=8, cfg=DataConfig(), seed=0)
+    train_one_epoch(state, batches.epoch(1), 1, 8, ClassificationLoss(), torch.device("cpu"),
                     PRECISIONS["fp16"], grad_clip)
     after = model.state_dict()
     for name, value in before.items():
@@ -84,9 +87,9 @@ def test_overflowing_fp16_gradients_skip_the_step_and_back_off_the_scale(grad_cl
 @pytest.mark.unit
 def test_training_batches_are_made_on_the_datas_device():
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
-    loader = data.TrainLoader(images, torch.arange(64) % 10, batch_size=32, cfg=DataConfig(), seed=0,
+    batches = loader.TrainLoader(images, torch.arange(64) % 10, batch_size=32, cfg=DataConfig(), seed=0,
                               memory_format=torch.channels_last)
-    for [(inputs, labels)] in loader.epoch(1):
+    for [(inputs, labels)] in batches.epoch(1):
         assert inputs.device == images.device and labels.device == images.device
         assert inputs.dtype == torch.float32 and inputs.is_contiguous(memory_format=torch.channels_last)
 

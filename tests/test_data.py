@@ -6,15 +6,15 @@ import tarfile
 import pytest
 import torch
 
-from cifarkit import data
 from cifarkit.cli import main
-from cifarkit.errors import CifarkitError
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data import cifar10
 from conftest import make_batch, write_archive
 
 
 def test_import_decodes_verifies_and_caches(synthetic_archive, empty_home, caplog):
     with caplog.at_level(logging.WARNING):
-        dataset = data.import_data(synthetic_archive)
+        dataset = cifar10.import_data(synthetic_archive)
     assert dataset.train_x.shape == (50_000, 3, 32, 32) and dataset.train_x.dtype == torch.uint8
     assert dataset.test_x.shape == (10_000, 3, 32, 32)
     assert torch.bincount(dataset.train_y).tolist() == [5000] * 10
@@ -22,16 +22,16 @@ def test_import_decodes_verifies_and_caches(synthetic_archive, empty_home, caplo
     assert torch.equal(dataset.train_x[:, 0, 0, 0].long(), dataset.train_y * 20)
     # Not the official archive: accepted after the structural check, with a warning that carries the sha256.
     assert "not the official archive" in caplog.text
-    assert data.file_digest(synthetic_archive, "sha256") in caplog.text
-    cached = data.load_cache()
+    assert cifar10.file_digest(synthetic_archive, "sha256") in caplog.text
+    cached = cifar10.load_cache()
     assert cached.sha256 == dataset.sha256 and torch.equal(cached.test_x, dataset.test_x)
 
 
 def test_second_load_reads_the_cache_without_decoding(synthetic_archive, empty_home, monkeypatch):
     monkeypatch.setenv("CIFARKIT_DATA", str(synthetic_archive))
-    first = data.load()
-    monkeypatch.setattr(data, "_read_source", lambda path: pytest.fail("decoded the archive a second time"))
-    second = data.load()
+    first = cifar10.load()
+    monkeypatch.setattr(cifar10, "_read_source", lambda path: pytest.fail("decoded the archive a second time"))
+    second = cifar10.load()
     assert second.sha256 == first.sha256 and torch.equal(second.train_x, first.train_x)
 
 
@@ -39,21 +39,21 @@ def test_folder_source(synthetic_archive, empty_home, tmp_path):
     import tarfile
     with tarfile.open(synthetic_archive) as tar:
         tar.extractall(tmp_path / "extracted", filter="data")
-    dataset = data.import_data(tmp_path / "extracted")
+    dataset = cifar10.import_data(tmp_path / "extracted")
     assert len(dataset.train_y) == 50_000 and len(dataset.test_y) == 10_000
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.99])
 def test_truncated_archive_is_rejected_and_the_cache_is_untouched(synthetic_archive, empty_home, tmp_path, cut):
-    data.import_data(synthetic_archive)
-    before = data.cache_path().read_bytes()
+    cifar10.import_data(synthetic_archive)
+    before = cifar10.cache_path().read_bytes()
     broken = tmp_path / "broken.tar.gz"
     raw = synthetic_archive.read_bytes()
     broken.write_bytes(raw[: int(len(raw) * cut)])
     with pytest.raises(CifarkitError, match="broken.tar.gz: truncated or corrupted") as err:
-        data.import_data(broken)
+        cifar10.import_data(broken)
     assert "\n" not in str(err.value)
-    assert data.cache_path().read_bytes() == before
+    assert cifar10.cache_path().read_bytes() == before
     assert sorted(os.listdir(empty_home)) == ["cifar10.safetensors"]  # no staged leftovers
 
 
@@ -63,8 +63,8 @@ def test_corrupted_bytes_are_rejected(synthetic_archive, empty_home, tmp_path):
     broken = tmp_path / "flipped.tar.gz"
     broken.write_bytes(bytes(raw))
     with pytest.raises(CifarkitError, match="flipped.tar.gz"):
-        data.import_data(broken)
-    assert not data.cache_path().exists()
+        cifar10.import_data(broken)
+    assert not cifar10.cache_path().exists()
 
 
 @pytest.mark.parametrize("batches, message", [
@@ -78,8 +78,8 @@ def test_corrupted_bytes_are_rejected(synthetic_archive, empty_home, tmp_path):
 def test_structural_check(tmp_path, empty_home, batches, message):
     archive = write_archive(tmp_path / "odd.tar.gz", batches)
     with pytest.raises(CifarkitError, match=message):
-        data.import_data(archive)
-    assert not data.cache_path().exists()
+        cifar10.import_data(archive)
+    assert not cifar10.cache_path().exists()
 
 
 @pytest.mark.unit
@@ -89,7 +89,7 @@ def test_pickle_that_would_run_code_is_refused(tmp_path, empty_home):
             return (os.system, ("echo pwned",))
     archive = write_archive(tmp_path / "evil.tar.gz", {"data_batch_1": pickle.dumps(Exploit(), protocol=2)})
     with pytest.raises(CifarkitError, match="evil.tar.gz: truncated or corrupted.*unexpected object"):
-        data.import_data(archive)
+        cifar10.import_data(archive)
 
 
 @pytest.mark.unit
@@ -110,7 +110,7 @@ def test_failed_download_names_the_ways_out(empty_home, monkeypatch, capsys):
 def test_missing_cifarkit_data_path(empty_home, monkeypatch, tmp_path):
     monkeypatch.setenv("CIFARKIT_DATA", str(tmp_path / "nope.tar.gz"))
     with pytest.raises(CifarkitError, match="CIFARKIT_DATA=.*nope.tar.gz does not exist"):
-        data.load()
+        cifar10.load()
 
 
 def test_import_and_info_commands(synthetic_archive, empty_home, capsys):
@@ -138,7 +138,7 @@ def test_an_unreadable_archive_is_a_permission_problem_not_corruption(synthetic_
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (f"cifarkit: error: Permission denied: {synthetic_archive}; check its permissions, or use a path "
                    f"you may access")
-    assert not data.cache_path().exists()
+    assert not cifar10.cache_path().exists()
 
 
 @pytest.mark.unit
@@ -151,9 +151,9 @@ def test_show_writes_a_grid(cifar_home, tmp_path):
 @pytest.mark.unit
 def test_subset_is_class_balanced_and_seeded():
     labels = torch.arange(50_000) % 10
-    a, val = data.split_train(labels, val_split=1000, subset=5000, seed=1)
-    b, _ = data.split_train(labels, val_split=1000, subset=5000, seed=1)
-    c, _ = data.split_train(labels, val_split=1000, subset=5000, seed=2)
+    a, val = cifar10.split_train(labels, val_split=1000, subset=5000, seed=1)
+    b, _ = cifar10.split_train(labels, val_split=1000, subset=5000, seed=1)
+    c, _ = cifar10.split_train(labels, val_split=1000, subset=5000, seed=2)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert torch.bincount(labels[a]).tolist() == [500] * 10
     assert torch.bincount(labels[val]).tolist() == [100] * 10
@@ -163,4 +163,4 @@ def test_subset_is_class_balanced_and_seeded():
 @pytest.mark.unit
 def test_subset_larger_than_the_set_is_an_error():
     with pytest.raises(CifarkitError, match="subset 60000 is larger"):
-        data.split_train(torch.arange(50_000) % 10, 0, 60_000, 0)
+        cifar10.split_train(torch.arange(50_000) % 10, 0, 60_000, 0)

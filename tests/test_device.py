@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cifarkit import device
 from cifarkit.cli import main
-from cifarkit.errors import CifarkitError
+from cifarkit.core import device
+from cifarkit.core.errors import CifarkitError
 
 
 @pytest.mark.unit

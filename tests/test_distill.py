@@ -4,10 +4,11 @@ import yaml
 from safetensors.torch import load_file
 from torch import nn
 
-from cifarkit import models, train
-from cifarkit.config import load_recipe
-from cifarkit.engine import ClassificationLoss, DistillationLoss
-from cifarkit.errors import CifarkitError
+from cifarkit import models
+from cifarkit.core.errors import CifarkitError
+from cifarkit.training import train
+from cifarkit.training.config import load_recipe
+from cifarkit.training.engine import ClassificationLoss, DistillationLoss
 
 
 class FixedLogits(nn.Module):

@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cifarkit import data, distributed
 from cifarkit.cli import main
-from cifarkit.config import DataConfig
+from cifarkit.data import loader
+from cifarkit.data.config import DataConfig
+from cifarkit.training import distributed
 from conftest import FLOORS, sample_home
 
 pytestmark = pytest.mark.e2e
@@ -186,12 +187,12 @@ def test_shard_s_holds_the_same_images_whichever_process_takes_it():
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(64)
     cfg = DataConfig()
-    whole = data.TrainLoader(images, labels, 16, cfg, seed=5)
-    together = data.TrainLoader(images, labels, 16, cfg, seed=5, shards=4, own=range(4))
-    apart = [data.TrainLoader(images, labels, 16, cfg, seed=5, shards=4, own=range(r, r + 1)) for r in range(4)]
+    whole = loader.TrainLoader(images, labels, 16, cfg, seed=5)
+    together = loader.TrainLoader(images, labels, 16, cfg, seed=5, shards=4, own=range(4))
+    apart = [loader.TrainLoader(images, labels, 16, cfg, seed=5, shards=4, own=range(r, r + 1)) for r in range(4)]
     for epoch in (1, 2):
         for step, (full, shards, *single) in enumerate(zip(whole.epoch(epoch), together.epoch(epoch),
-                                                          *(loader.epoch(epoch) for loader in apart))):
+                                                          *(part.epoch(epoch) for part in apart))):
             assert [len(y) for _, y in shards] == [4, 4, 4, 4]
             # the batch's images, cut in 4: every image once, in the one-process run's order
             assert torch.equal(torch.cat([y for _, y in shards]), full[0][1])

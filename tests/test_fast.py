@@ -4,21 +4,25 @@ import json
 import pytest
 import torch
 
-from cifarkit import data, models, profiling, train
+from cifarkit import models
 from cifarkit.cli import main
-from cifarkit.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig, load_recipe
-from cifarkit.device import PRECISIONS
-from cifarkit.engine import evaluate, tta_views
+from cifarkit.core.device import PRECISIONS
+from cifarkit.data import cifar10, loader
+from cifarkit.data.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig
 from cifarkit.models.layers import Conv3x3
-from cifarkit.optim import Lookahead, build_optimizer, build_schedule, orthogonalized
-from cifarkit.speedrun import statistics_against
+from cifarkit.tools import profiling
+from cifarkit.tools.speedrun import statistics_against
+from cifarkit.training import train
+from cifarkit.training.config import load_recipe
+from cifarkit.training.engine import evaluate, tta_views
+from cifarkit.training.optim import Lookahead, build_optimizer, build_schedule, orthogonalized
 from conftest import FLOORS
 
 
 def test_whitening_filters_decorrelate_patches(cifar_home):
-    cached = data.load()
+    cached = cifar10.load()
     model = models.create("fastnet")
-    images = data.normalize(cached.train_x[:1000], CIFAR10_MEAN, CIFAR10_STD)
+    images = loader.normalize(cached.train_x[:1000], CIFAR10_MEAN, CIFAR10_STD)
     model.init_from_data(images)
     with torch.no_grad():
         out = model.whiten(images) - model.whiten.bias.view(1, -1, 1, 1)
@@ -37,11 +41,11 @@ def test_alternating_flip_mirrors_each_image_the_other_way_every_epoch():
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     labels = torch.arange(64)  # labels identify the images through the shuffle
     cfg = DataConfig(augment=AugmentConfig(flip=True, alternate_flip=True), mean=(0, 0, 0), std=(1 / 255,) * 3)
-    loader = data.TrainLoader(images, labels, 16, cfg, seed=3)
+    batches = loader.TrainLoader(images, labels, 16, cfg, seed=3)
 
     def flipped_in(epoch):
         state = {}
-        for [(x, y)] in loader.epoch(epoch):
+        for [(x, y)] in batches.epoch(epoch):
             for img, label in zip(x, y):
                 original = images[label].float()
                 assert torch.equal(img, original) or torch.equal(img, original.flip(2))
@@ -115,7 +119,7 @@ def test_selective_tta_gives_the_extra_views_to_the_least_confident_images_only(
     args = dict(mean=CIFAR10_MEAN, std=CIFAR10_STD, device=torch.device("cpu"), precision=PRECISIONS["fp32"],
                 batch_size=16)
     with torch.no_grad():
-        x = data.normalize(images, CIFAR10_MEAN, CIFAR10_STD)
+        x = loader.normalize(images, CIFAR10_MEAN, CIFAR10_STD)
         plain = model.eval()(x)
         full = sum(weight * model(view) for weight, view in tta_views(x, True))
     uncertain = plain.softmax(1).amax(1).argsort()[:10]

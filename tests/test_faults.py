@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from cifarkit import data, release
 from cifarkit.cli import main
+from cifarkit.data import cifar10
+from cifarkit.release import build
 from conftest import sample_home
 
 pytestmark = pytest.mark.e2e
@@ -37,8 +38,8 @@ def home(tmp_path_factory):
     home = tmp_path_factory.mktemp("faults-home")
     with sample_home(home) as patch:
         # In-process releases measure their speed briefly; what is tested here is where their files end up.
-        patch.setattr(release, "INFERENCE_ROUNDS", 1)
-        patch.setattr(release, "SECONDS_PER_SAMPLE", 0.05)
+        patch.setattr(build, "INFERENCE_ROUNDS", 1)
+        patch.setattr(build, "SECONDS_PER_SAMPLE", 0.05)
         yield home
 
 
@@ -132,16 +133,16 @@ def test_a_killed_release_leaves_the_previous_version_working(home, unbroken, tm
 
 
 def test_a_killed_import_leaves_the_cache_working(home, synthetic_archive):
-    cache = home / data.CACHE_NAME
+    cache = home / cifar10.CACHE_NAME
     before = cache.read_bytes()
     killed = run_child("cache-write", ["data", "import", str(synthetic_archive)])
     assert killed.returncode == -signal.SIGKILL
-    assert cache.read_bytes() == before and len(data.load_cache(cache).test_y) == 500
+    assert cache.read_bytes() == before and len(cifar10.load_cache(cache).test_y) == 500
     temps = leftovers(home)
     assert temps  # the half-written new cache is there, hidden, and nothing loads it
     try:
         assert main(["data", "import", str(synthetic_archive)]) == 0
-        assert leftovers(home) == [] and len(data.load_cache(cache).test_y) == 10_000
+        assert leftovers(home) == [] and len(cifar10.load_cache(cache).test_y) == 10_000
     finally:
         cache.write_bytes(before)
     print(f"\nFAULT | SIGKILL `cifarkit data import` during the cache write | left: old cache intact, "

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cifarkit import files
+from cifarkit.core import files
 
 
 @pytest.mark.unit

@@ -8,9 +8,10 @@ import pytest
 import torch
 import yaml
 
-from cifarkit import Classifier, data, models
-from cifarkit.errors import CifarkitError
-from cifarkit.inference import SHIPPED
+from cifarkit import Classifier, models
+from cifarkit.artifacts.releases import SHIPPED
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data import cifar10
 from conftest import FIXTURE, ROOT
 
 
@@ -30,7 +31,7 @@ def test_the_entry_points_are_the_releases_and_every_architecture():
 
 
 def test_a_release_entry_point_is_the_shipped_classifier():
-    pixels = data.load_cache(FIXTURE).test_x[:64].permute(0, 2, 3, 1).numpy()
+    pixels = cifar10.load_cache(FIXTURE).test_x[:64].permute(0, 2, 3, 1).numpy()
     loaded = hub("version_b")
     assert isinstance(loaded, Classifier) and loaded.info["release"] == "B"
     assert loaded.predict_batch(pixels) == Classifier.pretrained("B").predict_batch(pixels)

@@ -5,9 +5,11 @@ import pytest
 import torch
 from PIL import Image
 
-from cifarkit import Classifier, checkpoint, data, preprocess
+from cifarkit import Classifier
+from cifarkit.artifacts import preprocess, weights
+from cifarkit.artifacts.releases import release_dir
 from cifarkit.cli import main
-from cifarkit.inference import release_dir
+from cifarkit.data import cifar10
 from conftest import ROOT
 
 
@@ -19,7 +21,7 @@ def classifier(released):
 @pytest.fixture
 def test_image(cifar_home):
     """(a real 32 x 32 test image as H x W x 3 uint8, its label)"""
-    dataset = data.load()
+    dataset = cifar10.load()
     return dataset.test_x[0].permute(1, 2, 0).numpy(), int(dataset.test_y[0])
 
 
@@ -118,14 +120,14 @@ def test_bad_input_raises_a_value_error_that_names_the_problem(classifier, tmp_p
 
 
 def test_labels_probabilities_topk_and_batches_agree(classifier, cifar_home):
-    dataset = data.load()
+    dataset = cifar10.load()
     images = [dataset.test_x[i].permute(1, 2, 0).numpy() for i in range(20)]
     batch = classifier.predict_batch(images, batch_size=8)
     assert batch == [classifier.predict(image) for image in images]
     proba = classifier.predict_proba(images[0])
     assert proba.shape == (10,) and proba.sum() == pytest.approx(1.0, abs=1e-5)
     top = classifier.topk(images[0], k=3)
-    assert [label for label, _ in top][0] == classifier.predict_label(images[0]) == data.CLASSES[batch[0]]
+    assert [label for label, _ in top][0] == classifier.predict_label(images[0]) == cifar10.CLASSES[batch[0]]
     assert top[0][1] >= top[1][1] >= top[2][1]
     with pytest.raises(ValueError, match="k must be between 1 and 10"):
         classifier.topk(images[0], k=11)
@@ -140,9 +142,9 @@ def test_predict_command_reports_each_image_and_fails_only_the_bad_ones(released
     captured = capsys.readouterr()
     assert code != 0
     results = json.loads(captured.out)
-    assert results[0]["path"] == str(good) and results[0]["label"] in data.CLASSES
+    assert results[0]["path"] == str(good) and results[0]["label"] in cifar10.CLASSES
     assert 0 < results[0]["confidence"] <= 1 and len(results[0]["topk"]) == 3
-    assert data.CLASSES[results[0]["class_index"]] == results[0]["label"]
+    assert cifar10.CLASSES[results[0]["class_index"]] == results[0]["label"]
     assert {k: v for k, v in results[0].items() if k != "path"} == Classifier.load(released).prediction(good, k=3)
     assert "error" in results[1] and "bad.png" in captured.err
     assert main(["predict", "--model", str(released), str(good)]) == 0
@@ -153,7 +155,7 @@ def test_predict_command_reports_each_image_and_fails_only_the_bad_ones(released
 def test_bf16_backend_gives_autocasts_logits_bit_for_bit():
     """The torch-bf16 backend casts its layers' weights once; autocast over the fp32 weights must agree exactly."""
     classifier = Classifier.load("B", backend="torch-bf16")
-    model, _ = checkpoint.load_weights(release_dir("B") / "model.safetensors")
+    model, _ = weights.load_weights(release_dir("B") / "model.safetensors")
     model = model.eval().to(memory_format=torch.channels_last)
     pixels = np.random.default_rng(0).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
     inputs = torch.from_numpy(preprocess.normalize(pixels, classifier.mean, classifier.std))

@@ -16,10 +16,13 @@ import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
-from cifarkit import CIFAR10Classifier, Classifier, data, export, inference, models, release
+from cifarkit import CIFAR10Classifier, Classifier, models
+from cifarkit.artifacts.releases import SHIPPED
 from cifarkit.cli import main
-from cifarkit.errors import CifarkitError
-from cifarkit.inference import SHIPPED
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data import cifar10
+from cifarkit.inference import classifier
+from cifarkit.release import build, export
 
 
 def copy_release(released: Path, tmp_path: Path) -> Path:
@@ -43,7 +46,7 @@ def sha256(path: Path) -> str:
 @pytest.fixture
 def pixels(cifar_home):
     """16 real test images, N x 32 x 32 x 3 uint8."""
-    return data.load().test_x[:16].permute(0, 2, 3, 1).numpy()
+    return cifar10.load().test_x[:16].permute(0, 2, 3, 1).numpy()
 
 
 @pytest.fixture
@@ -57,7 +60,7 @@ def test_changed_weights_are_refused_before_loading(released, tmp_path, pixels, 
     target = copy_release(released, tmp_path)
     zero_bytes(target / "model.safetensors")
     loaded = []
-    monkeypatch.setattr(inference.checkpoint, "load_weights", lambda path: loaded.append(path))
+    monkeypatch.setattr(classifier, "load_weights", lambda path: loaded.append(path))
     with pytest.raises(CifarkitError) as refused:
         Classifier.load(target)
     message = str(refused.value)
@@ -221,11 +224,11 @@ def test_a_full_disk_runs_onnx_from_memory(released, cifar_home, pixels, onnx_re
     def full_disk(path, _):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(inference, "write_bytes", full_disk)
+    monkeypatch.setattr(classifier, "write_bytes", full_disk)
     with caplog.at_level(logging.WARNING, logger="cifarkit"):
-        classifier = Classifier.load(released, backend="onnxruntime")
+        loaded = Classifier.load(released, backend="onnxruntime")
     assert any("No space left on device" in r.getMessage() for r in caplog.records)
-    assert torch.equal(classifier.logits(pixels), onnx_reference)
+    assert torch.equal(loaded.logits(pixels), onnx_reference)
     assert not list((cifar_home / "onnx").glob("*"))
 
 
@@ -254,7 +257,8 @@ def test_a_damaged_cached_onnx_is_exported_again(released, cifar_home, pixels, c
 KILLED_BETWEEN_RENAMES = """
 import os, shutil, sys
 from pathlib import Path
-from cifarkit import files, release
+from cifarkit.core import files
+from cifarkit.release import build
 
 rename = os.rename
 def rename_then_die(source, destination):
@@ -262,11 +266,11 @@ def rename_then_die(source, destination):
     if Path(destination).name.endswith(".replaced"):
         os._exit(9)
 os.rename = rename_then_die
-release.exchange_paths = lambda a, b: False
+build.exchange_paths = lambda a, b: False
 root = Path(sys.argv[1])
 staged = root / files.temp_name("version_T")
 shutil.copytree(sys.argv[2], staged)
-release.swap_into_place(staged, root / "version_T")
+build.swap_into_place(staged, root / "version_T")
 """
 
 
@@ -288,13 +292,13 @@ def test_a_release_killed_between_its_two_renames_is_restored(released, tmp_path
     # So does the next release, which then clears the killed one's leftovers and replaces it through the fallback.
     monkeypatch.setenv("CIFARKIT_HOME", str(released.parent.parent / "home"))
     monkeypatch.delenv("CIFARKIT_DATA", raising=False)  # this home's cache, not the real archive
-    monkeypatch.setattr(release, "INFERENCE_ROUNDS", 1)
-    monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
-    monkeypatch.setattr(release, "exchange_paths", lambda a, b: False)
+    monkeypatch.setattr(build, "INFERENCE_ROUNDS", 1)
+    monkeypatch.setattr(build, "SECONDS_PER_SAMPLE", 0.02)
+    monkeypatch.setattr(build, "exchange_paths", lambda a, b: False)
     run = released.parent.parent / "run"
     with pytest.raises(CifarkitError, match="already exists"):
-        release.make_release(run, "T", root)
-    target = release.make_release(run, "T", root, force=True, keep_onnx=True)
+        build.make_release(run, "T", root)
+    target = build.make_release(run, "T", root, force=True, keep_onnx=True)
     assert sorted(p.name for p in root.iterdir()) == ["version_T"]
     # Two releases of one run: the same weights file, byte for byte.
     assert (target / "model.safetensors").read_bytes() == (released / "model.safetensors").read_bytes()
@@ -311,7 +315,7 @@ def test_exchange_swaps_two_folders_in_one_step(tmp_path):
     (tmp_path / "a" / "which").write_text("a")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "which").write_text("b")
-    assert release.exchange_paths(tmp_path / "a", tmp_path / "b")
+    assert build.exchange_paths(tmp_path / "a", tmp_path / "b")
     assert (tmp_path / "a" / "which").read_text() == "b" and (tmp_path / "b" / "which").read_text() == "a"
 
 
@@ -344,10 +348,10 @@ def test_the_seeds_interface_works_out_of_the_box(cifar_home, pixels):
 
 def test_inference_does_not_import_the_training_side():
     # Measured beyond what `import torch` loads: torch.hub itself imports tqdm.
-    code = ("import sys, torch; before = set(sys.modules); import cifarkit.inference; "
+    code = ("import sys, torch; before = set(sys.modules); import cifarkit.inference.classifier; "
             "print(' '.join(sorted(set(sys.modules) - before)))")
     added = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
-    assert "cifarkit.inference" in added
-    training = {"cifarkit.engine", "cifarkit.optim", "cifarkit.train", "tqdm", "tensorboard",
-                "torch.utils.tensorboard", "cifarkit.export", "onnxruntime"}
+    assert "cifarkit.inference.classifier" in added
+    training = {"cifarkit.training", "cifarkit.data", "cifarkit.release", "cifarkit.tools", "tqdm", "tensorboard",
+                "torch.utils.tensorboard", "onnxruntime"}
     assert not training & added

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from cifarkit import train
 from cifarkit.cli import main
-from cifarkit.config import load_recipe
+from cifarkit.training import train
+from cifarkit.training.config import load_recipe
 from conftest import FLOORS
 
 pytestmark = pytest.mark.e2e

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from cifarkit import models
 from cifarkit.cli import main
-from cifarkit.errors import CifarkitError
+from cifarkit.core.errors import CifarkitError
 from cifarkit.models import layers
 
 

@@ -5,7 +5,7 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
-from cifarkit.inference import SHIPPED
+from cifarkit.artifacts.releases import SHIPPED
 from conftest import ROOT
 
 pytestmark = pytest.mark.e2e

@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from cifarkit import Classifier, data
-from cifarkit.inference import SHIPPED
+from cifarkit import Classifier
+from cifarkit.artifacts.releases import SHIPPED
+from cifarkit.data import cifar10
 from conftest import FIXTURE, FLOORS, ROOT
 
 pytestmark = pytest.mark.e2e
@@ -46,9 +47,9 @@ def test_shipped_release_cites_the_speed_run_its_figures_come_from(version):
 def gate_data():
     """(test images, labels, real?): the real test set when CIFARKIT_DATA names the archive, else the fixture's."""
     if os.environ.get("CIFARKIT_DATA"):
-        dataset = data.load()
+        dataset = cifar10.load()
         return dataset.test_x, dataset.test_y, True
-    dataset = data.load_cache(FIXTURE)
+    dataset = cifar10.load_cache(FIXTURE)
     return dataset.test_x, dataset.test_y, False
 
 

@@ -13,11 +13,14 @@ import torch
 import yaml
 from PIL import Image
 
-from cifarkit import backends, checkpoint, data, export, release
-from cifarkit.backends import BACKENDS
+from cifarkit.artifacts import weights
 from cifarkit.cli import main
-from cifarkit.errors import CifarkitError
-from cifarkit.inference import Classifier
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data import cifar10
+from cifarkit.inference import backends
+from cifarkit.inference.backends import BACKENDS
+from cifarkit.inference.classifier import Classifier
+from cifarkit.release import build, export
 
 
 def test_release_folder_holds_what_a_user_needs(released):
@@ -25,7 +28,7 @@ def test_release_folder_holds_what_a_user_needs(released):
         assert (released / name).is_file(), name
     metrics = json.loads((released / "metrics.json").read_text())
     assert metrics["model"] == "simplecnn" and metrics["params"] == 113_738 and metrics["macs"] > 0
-    assert set(metrics["test_acc_per_class"]) == set(data.CLASSES)
+    assert set(metrics["test_acc_per_class"]) == set(cifar10.CLASSES)
     assert metrics["weights_sha256"] == hashlib.sha256((released / "model.safetensors").read_bytes()).hexdigest()
     for key in ("wall_time_s", "device", "seed"):
         assert metrics["training"][key] is not None, key
@@ -43,7 +46,7 @@ def test_release_folder_holds_what_a_user_needs(released):
     assert not (released / "model.onnx").exists()  # measured, then dropped: `cifarkit export` writes artifacts
     config = yaml.safe_load((released / "config.yaml").read_text())
     assert {"model", "training", "data"} <= set(config)
-    assert config["training"]["recipe"] == "simplecnn" and config["model"]["classes"] == list(data.CLASSES)
+    assert config["training"]["recipe"] == "simplecnn" and config["model"]["classes"] == list(cifar10.CLASSES)
     assert not list(released.parent.glob(".version_*"))  # no temporary folder left behind
     shipped = {"model.safetensors", "config.yaml", "preprocess.py", "MODEL_CARD.md"}
     assert metrics["files"] == {name: hashlib.sha256((released / name).read_bytes()).hexdigest() for name in shipped}
@@ -60,7 +63,7 @@ def test_release_files_hold_no_path_of_this_machine(released):
 
 def test_recorded_accuracy_is_what_the_classifier_scores(released, cifar_home):
     metrics = json.loads((released / "metrics.json").read_text())
-    dataset = data.load()
+    dataset = cifar10.load()
     classifier = Classifier.load(released, backend="torch-fp32")
     predictions = classifier.logits(dataset.test_x.permute(0, 2, 3, 1).numpy()).argmax(1)
     assert (predictions == dataset.test_y).float().mean().item() == pytest.approx(metrics["test_acc"], abs=1e-6)
@@ -84,7 +87,7 @@ def test_an_existing_release_is_kept_unless_forced(released, tmp_path):
     run_dir = released.parent.parent / "run"
     before = (released / "metrics.json").read_bytes()
     with pytest.raises(CifarkitError, match="already exists; pass --force"):
-        release.make_release(run_dir, "T", released.parent)
+        build.make_release(run_dir, "T", released.parent)
     assert (released / "metrics.json").read_bytes() == before
 
 
@@ -96,17 +99,17 @@ def test_force_replaces_a_release_atomically_saying_what_it_measures(released, t
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CIFARKIT_HOME", str(released.parent.parent / "home"))
     monkeypatch.delenv("CIFARKIT_DATA", raising=False)  # the sample's 500 test images, as the messages say
-    monkeypatch.setattr(release, "INFERENCE_ROUNDS", 1)
-    monkeypatch.setattr(release, "SECONDS_PER_SAMPLE", 0.02)
+    monkeypatch.setattr(build, "INFERENCE_ROUNDS", 1)
+    monkeypatch.setattr(build, "SECONDS_PER_SAMPLE", 0.02)
     caplog.set_level(logging.INFO, logger="cifarkit")
     exchanges = []
-    exchange = release.exchange_paths
+    exchange = build.exchange_paths
 
     def counted_exchange(a, b):
         exchanges.append(exchange(a, b))
         return exchanges[-1]
 
-    monkeypatch.setattr(release, "exchange_paths", counted_exchange)
+    monkeypatch.setattr(build, "exchange_paths", counted_exchange)
     run_dir = released.parent.parent / "run"
     assert main(["release", str(run_dir), "--name", "T", "--force", "--weights-dtype", weights_dtype]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -126,10 +129,10 @@ def test_force_replaces_a_release_atomically_saying_what_it_measures(released, t
 
 
 def test_int8_weights_round_each_filter_channel_within_half_its_step(released, tmp_path):
-    model, meta = checkpoint.load_weights(released)
+    model, meta = weights.load_weights(released)
     path = tmp_path / "int8.safetensors"
-    checkpoint.save_weights(path, model, meta["model"], meta["mean"], meta["std"], weights_dtype="int8")
-    restored, restored_meta = checkpoint.load_weights(path)
+    weights.save_weights(path, model, meta["model"], meta["mean"], meta["std"], weights_dtype="int8")
+    restored, restored_meta = weights.load_weights(path)
     assert restored_meta["quantized"].startswith("int8")
     original = model.state_dict()
     for name, value in restored.state_dict().items():
@@ -196,7 +199,7 @@ def test_export_with_out_leaves_the_release_as_it_was(released, cifar_home, tmp_
 def read_only_package():
     """The shipped releases' folder really read-only, through a read-only bind mount over it (an installed package
     owned by another user is so; root is refused only by a read-only mount)."""
-    from cifarkit.inference import SHIPPED
+    from cifarkit.artifacts.releases import SHIPPED
     mounted = subprocess.run(["mount", "--bind", str(SHIPPED), str(SHIPPED)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot bind-mount here (needs root): {mounted.stderr.decode().strip()}")
@@ -235,7 +238,7 @@ def test_onnx_backend_agrees_with_fp32(released, cifar_home, tmp_path):
     target = tmp_path / "version_T"
     shutil.copytree(released, target)
     export.export(target, "onnx")
-    pixels = data.load().test_x[:64].permute(0, 2, 3, 1).numpy()
+    pixels = cifar10.load().test_x[:64].permute(0, 2, 3, 1).numpy()
     fp32 = Classifier.load(target, backend="torch-fp32").logits(pixels)
     onnx = Classifier.load(target, backend="onnxruntime").logits(pixels)
     assert (fp32 - onnx).abs().max().item() < 1e-3
@@ -243,7 +246,7 @@ def test_onnx_backend_agrees_with_fp32(released, cifar_home, tmp_path):
 
 def test_onnxruntime_without_an_exported_file_exports_once_into_the_cache(released, cifar_home, caplog):
     assert not (released / "model.onnx").exists()
-    pixels = data.load().test_x[:16].permute(0, 2, 3, 1).numpy()
+    pixels = cifar10.load().test_x[:16].permute(0, 2, 3, 1).numpy()
     caplog.set_level(logging.INFO, logger="cifarkit")
     onnx = Classifier.load(released, backend="onnxruntime").logits(pixels)
     cached = list((cifar_home / "onnx").glob("*.onnx"))

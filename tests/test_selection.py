@@ -5,12 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cifarkit import models, train
-from cifarkit.config import OptimConfig, ScheduleConfig, load_recipe
-from cifarkit.device import PRECISIONS
-from cifarkit.engine import HardestSelector, TrainState
-from cifarkit.errors import CifarkitError
-from cifarkit.optim import build_optimizer, build_schedule
+from cifarkit import models
+from cifarkit.core.device import PRECISIONS
+from cifarkit.core.errors import CifarkitError
+from cifarkit.training import train
+from cifarkit.training.config import OptimConfig, ScheduleConfig, load_recipe
+from cifarkit.training.engine import HardestSelector, TrainState
+from cifarkit.training.optim import build_optimizer, build_schedule
 from conftest import interrupt_as_epoch_starts
 
 

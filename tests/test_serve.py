@@ -21,10 +21,10 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from cifarkit import backends
 from cifarkit.cli import SERVE_SETTINGS, options
-from cifarkit.inference import Classifier
-from cifarkit.serve import ServeSettings
+from cifarkit.inference import backends
+from cifarkit.inference.classifier import Classifier
+from cifarkit.serving.serve import ServeSettings
 from conftest import ROOT
 from servers import running_server
 
@@ -263,9 +263,8 @@ from cifarkit.cli import main
 atexit.register(lambda: open(sys.argv[1], "w").write("\\n".join(sorted(sys.modules))))
 sys.exit(main(sys.argv[2:]))
 """
-TRAINING_SIDE = ("cifarkit.engine", "cifarkit.optim", "cifarkit.train", "cifarkit.data", "cifarkit.config",
-                 "cifarkit.speedrun", "cifarkit.benchmark", "cifarkit.evaluation", "cifarkit.plots",
-                 "cifarkit.release", "tensorboard", "torch.utils.tensorboard", "matplotlib", "tqdm")
+TRAINING_SIDE = ("cifarkit.training", "cifarkit.data", "cifarkit.tools", "cifarkit.release", "tensorboard",
+                 "torch.utils.tensorboard", "matplotlib", "tqdm")
 
 
 def test_sigterm_finishes_the_request_in_flight_and_the_server_imports_no_training_code(tmp_path):
@@ -295,7 +294,7 @@ def test_sigterm_finishes_the_request_in_flight_and_the_server_imports_no_traini
     by_torch = set(subprocess.run([sys.executable, "-c", "import sys, torch; print('\\n'.join(sys.modules))"],
                                   capture_output=True, text=True, check=True).stdout.split())
     imported = {m for m in TRAINING_SIDE if any(n == m or n.startswith(m + ".") for n in loaded - by_torch)}
-    assert "cifarkit.serve" in loaded and "fastapi" in loaded and not imported
+    assert "cifarkit.serving.serve" in loaded and "fastapi" in loaded and not imported
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -7,9 +7,9 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from cifarkit import train
 from cifarkit.cli import main
-from cifarkit.config import load_recipe
+from cifarkit.training import train
+from cifarkit.training.config import load_recipe
 from conftest import interrupt_as_epoch_starts
 
 QUICK = ["train.epochs=3", "train.batch_size=100", "data.subset=300", "train.track=mlflow"]

@@ -10,10 +10,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from cifarkit import data, device, train
 from cifarkit.cli import main
-from cifarkit.config import load_recipe
-from cifarkit.errors import CifarkitError
+from cifarkit.core import device
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data import cifar10, loader
+from cifarkit.training import train
+from cifarkit.training.config import load_recipe
 
 # Small but complete: dropout (RNG), warmup + step schedule (SequentialLR), EMA, lookahead and augmentation
 # (alternating flips included) all take part.
@@ -52,7 +54,7 @@ def test_run_folder_contents(cifar_home, tmp_path):
     for key in ("test_acc", "wall_time_s", "train_time_s", "params", "device", "precision", "seed", "torch",
                 "dataset_sha256"):
         assert key in saved, key
-    assert saved["params"] == 815_018 and saved["dataset_sha256"] == data.load().sha256
+    assert saved["params"] == 815_018 and saved["dataset_sha256"] == cifar10.load().sha256
     assert saved["test_acc"] == records[-1]["test_acc"]
     log = (out / "train.log").read_text()
     assert "epoch 3 | train loss" in log and "done: test accuracy" in log
@@ -105,12 +107,12 @@ def test_killed_run_resumes_bit_identically(cifar_home, tmp_path, capsys):
 
 
 def test_nan_stops_the_run_and_keeps_the_last_good_checkpoint(cifar_home, tmp_path, monkeypatch, capsys):
-    real_augment = data.augment
+    real_augment = loader.augment
 
     def poisoned_from_epoch_2(images, cfg, mean, std, generator, flip=None, crop=None):
         out = real_augment(images, cfg, mean, std, generator, flip, crop)
         return out * float("nan") if generator.initial_seed() % 100_003 >= 2 else out
-    monkeypatch.setattr(data, "augment", poisoned_from_epoch_2)
+    monkeypatch.setattr(loader, "augment", poisoned_from_epoch_2)
     out = tmp_path / "nan"
     code = main(["train", "--recipe", "cifar10net", "--epochs", "3", "--subset", "500", "--batch-size", "100",
                  "--out", str(out)])
@@ -151,7 +153,7 @@ def test_eval_command(cifar_home, tmp_path, capsys):
     assert main(["eval", str(out), "--json", "--precision", summary["precision"]]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["test_acc"] == pytest.approx(summary["test_acc"])
-    assert set(result["per_class_acc"]) == set(data.CLASSES)
+    assert set(result["per_class_acc"]) == set(cifar10.CLASSES)
     assert sum(map(sum, result["confusion_matrix"])) == 500
     assert (out / "confusion.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["eval", str(out / "model.safetensors"), "--tta"]) == 0
@@ -170,7 +172,7 @@ def test_env_command(capsys):
 
 def test_the_cpu_evaluates_in_batches_of_its_own_size():
     """Batches that stay in a CPU's caches (engine.EVAL_BATCH_CPU, chosen from results/eval-batch-*.json)."""
-    from cifarkit.engine import EVAL_BATCH_CPU, evaluate
+    from cifarkit.training.engine import EVAL_BATCH_CPU, evaluate
     seen = []
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
     model.register_forward_hook(lambda module, inputs, output: seen.append(len(inputs[0])))

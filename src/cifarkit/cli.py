@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from cifarkit.errors import LOG_FORMAT, CifarkitError, describe_os_error
+from cifarkit.core.errors import LOG_FORMAT, CifarkitError, describe_os_error
 
 DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; see docs/measurements.md
 GRID_MAX = 256  # images in a `data show` grid: 32 rows of 8 still make a page; 100,000 once took 13 GB
@@ -29,7 +29,7 @@ def _plural(count: int, noun: str) -> str:
 
 
 def cmd_env(args) -> None:
-    from cifarkit.device import describe, pick_device, report
+    from cifarkit.core.device import describe, pick_device, report
     info = report(pick_device("auto"))
     if args.json:
         _print_json(info)
@@ -54,7 +54,7 @@ def cmd_models(args) -> None:
 def cmd_recipes(args) -> None:
     import yaml
 
-    from cifarkit.config import builtin_recipes, explain, load_recipe
+    from cifarkit.training.config import builtin_recipes, explain, load_recipe
     if args.recipe is None:
         for name in sorted(builtin_recipes()):
             default = " (default)" if name == DEFAULT_RECIPE else ""
@@ -73,22 +73,23 @@ def cmd_recipes(args) -> None:
 
 
 def cmd_data_import(args) -> None:
-    from cifarkit import data
-    dataset = data.import_data(args.path)
-    print(f"imported {len(dataset.train_y):,} train and {len(dataset.test_y):,} test images into {data.cache_path()}")
+    from cifarkit.data import cifar10
+    dataset = cifar10.import_data(args.path)
+    print(f"imported {len(dataset.train_y):,} train and {len(dataset.test_y):,} test images into "
+          f"{cifar10.cache_path()}")
     print(f"content sha256 {dataset.sha256}")
 
 
 def cmd_data_info(args) -> None:
     import torch
 
-    from cifarkit import data
-    dataset = data.load()
-    info = {"source": dataset.source, "cache": str(data.cache_path()), "sha256": dataset.sha256, "splits": {}}
+    from cifarkit.data import cifar10
+    dataset = cifar10.load()
+    info = {"source": dataset.source, "cache": str(cifar10.cache_path()), "sha256": dataset.sha256, "splits": {}}
     for split, x, y in (("train", dataset.train_x, dataset.train_y), ("test", dataset.test_x, dataset.test_y)):
         counts = torch.bincount(y, minlength=10).tolist()
-        info["splits"][split] = {"images": len(y), "per_class": dict(zip(data.CLASSES, counts)),
-                                 "images_sha256": data.content_sha256(x), "labels_sha256": data.content_sha256(y)}
+        info["splits"][split] = {"images": len(y), "per_class": dict(zip(cifar10.CLASSES, counts)),
+                                 "images_sha256": cifar10.content_sha256(x), "labels_sha256": cifar10.content_sha256(y)}
     if args.json:
         _print_json(info)
         return
@@ -102,14 +103,15 @@ def cmd_data_info(args) -> None:
 def cmd_data_show(args) -> None:
     import torch
 
-    from cifarkit import data, plots
-    from cifarkit.config import check_seed
+    from cifarkit.data import cifar10
+    from cifarkit.training import plots
+    from cifarkit.training.config import check_seed
     check_seed(args.seed, "--seed")
     plots.figure_format(Path(args.out))  # a suffix it cannot write fails before the data is loaded
-    dataset = data.load()
+    dataset = cifar10.load()
     x, y = (dataset.train_x, dataset.train_y) if args.split == "train" else (dataset.test_x, dataset.test_y)
     idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(args.seed))[:args.count]
-    plots.sample_grid(x[idx], y[idx], data.CLASSES, Path(args.out))
+    plots.sample_grid(x[idx], y[idx], cifar10.CLASSES, Path(args.out))
     print(f"wrote {args.out} ({_plural(len(idx), args.split + ' image')})")
 
 
@@ -160,8 +162,8 @@ def _overrides(args) -> list[str]:
 
 
 def cmd_train(args) -> None:
-    from cifarkit import train
-    from cifarkit.config import load_recipe
+    from cifarkit.training import train
+    from cifarkit.training.config import load_recipe
     if args.nproc > 1:
         _launch_train(args)
         return
@@ -177,8 +179,8 @@ def cmd_train(args) -> None:
 def _launch_train(args) -> None:
     """`train --nproc N`: this same command on N processes under torchrun, with --out fixed first so that every rank
     names the same run folder."""
-    from cifarkit import distributed, train
-    from cifarkit.config import load_recipe
+    from cifarkit.training import distributed, train
+    from cifarkit.training.config import load_recipe
     given = args.argv[args.argv.index("train") + 1:]
     argv = [t for i, t in enumerate(given) if t != "--nproc" and not t.startswith("--nproc=")
             and (i == 0 or given[i - 1] != "--nproc")]
@@ -188,7 +190,7 @@ def _launch_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from cifarkit.evaluation import evaluate_weights
+    from cifarkit.release.evaluation import evaluate_weights
     result = evaluate_weights(args.target, tta=args.tta, device=args.device, precision=args.precision,
                               figure=Path(args.figure) if args.figure else None)
     if args.json:
@@ -202,11 +204,11 @@ def cmd_eval(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from cifarkit import distributed
-    from cifarkit.benchmark import peak_memory, train_throughput
-    from cifarkit.device import describe, pick_device, report
-    from cifarkit.files import write_json
+    from cifarkit.core.device import describe, pick_device, report
+    from cifarkit.core.files import write_json
     from cifarkit.models import names
+    from cifarkit.tools.benchmark import peak_memory, train_throughput
+    from cifarkit.training import distributed
     if args.nproc:
         _bench_scaling(args)
         return
@@ -243,11 +245,11 @@ def cmd_bench(args) -> None:
 
 
 def _bench_devices(args) -> None:
-    from cifarkit.benchmark import AMP, device_report, device_table
-    from cifarkit.device import describe, report
-    from cifarkit.files import write_json
+    from cifarkit.core.device import describe, report
+    from cifarkit.core.files import write_json
     from cifarkit.models import names
-    from cifarkit.plots import device_speedups
+    from cifarkit.tools.benchmark import AMP, device_report, device_table
+    from cifarkit.training.plots import device_speedups
     result = device_report(args.devices, args.models or names(), args.modes or ["fp32", AMP], args.batch_size,
                            args.steps, args.rounds)
     env = report()
@@ -265,9 +267,9 @@ def _bench_devices(args) -> None:
 
 
 def _bench_scaling(args) -> None:
-    from cifarkit.benchmark import scaling
-    from cifarkit.device import describe, pick_device, report
-    from cifarkit.files import write_json
+    from cifarkit.core.device import describe, pick_device, report
+    from cifarkit.core.files import write_json
+    from cifarkit.tools.benchmark import scaling
     device = pick_device(args.device)
     model, mode = (args.models or ["fastnet"])[0], (args.modes or BENCH_MODES)[-1]
     result = scaling(args.nproc, model, mode, device, args.batch_size, args.steps, args.rounds)
@@ -286,9 +288,9 @@ def _bench_scaling(args) -> None:
 
 
 def cmd_profile(args) -> None:
-    from cifarkit import profiling
-    from cifarkit.config import load_recipe
-    from cifarkit.files import write_json
+    from cifarkit.core.files import write_json
+    from cifarkit.tools import profiling
+    from cifarkit.training.config import load_recipe
     result = profiling.run(load_recipe(args.recipe or DEFAULT_RECIPE, _overrides(args)), args.steps)
     print(profiling.table(result))
     if args.json:
@@ -297,9 +299,9 @@ def cmd_profile(args) -> None:
 
 
 def cmd_speedrun(args) -> None:
-    from cifarkit import speedrun
-    from cifarkit.config import check_seed
-    from cifarkit.files import write_json
+    from cifarkit.core.files import write_json
+    from cifarkit.tools import speedrun
+    from cifarkit.training.config import check_seed
     check_seed(args.first_seed, "--first-seed")
     check_seed(args.first_seed + args.runs - 1, "the last seed, --first-seed + --runs - 1")
     report = speedrun.run(args.recipe or DEFAULT_RECIPE, args.runs, args.target, Path(args.out) if args.out else None,
@@ -316,8 +318,8 @@ def cmd_release(args) -> None:
     if args.alias and not args.register:
         raise CifarkitError("--alias names an alias of the registered model: give --register MODEL too")
     if args.check:
-        from cifarkit.inference import release_dir
-        from cifarkit.release import check
+        from cifarkit.artifacts.releases import release_dir
+        from cifarkit.release.build import check
         if args.run_dir or args.name:
             raise CifarkitError("--check RELEASE verifies an existing release; drop RUN_DIR and --name")
         folder = release_dir(args.check, accepts="a release folder")
@@ -332,8 +334,8 @@ def cmd_release(args) -> None:
         return
     if not (args.run_dir and args.name):
         raise CifarkitError("give the run folder and --name to write a release, or --check RELEASE to verify one")
-    from cifarkit.inference import known_releases
-    from cifarkit.release import make_release
+    from cifarkit.artifacts.releases import known_releases
+    from cifarkit.release.build import make_release
     target = make_release(Path(args.run_dir), args.name, Path(args.out), force=args.force,
                           weights_dtype=args.weights_dtype, speedrun=Path(args.speedrun) if args.speedrun else None,
                           keep_onnx=args.keep_onnx)
@@ -354,7 +356,7 @@ def cmd_release(args) -> None:
 def _register(folder: Path, args) -> None:
     if not args.register:
         return
-    from cifarkit.tracking import register_release
+    from cifarkit.training.tracking import register_release
     done = register_release(folder, args.register, args.alias)
     alias = f", alias {done['alias']!r}" if done["alias"] else ""
     print(f"registered {folder} as version {done['version']} of MLflow model {done['model']!r}{alias} "
@@ -362,7 +364,7 @@ def _register(folder: Path, args) -> None:
 
 
 def cmd_compare(args) -> None:
-    from cifarkit.release import compare
+    from cifarkit.release.build import compare
     root = Path(args.root) if args.root else None
     # Beside the releases of ROOT; with none given (the shipped ones lie inside the package), in the current folder.
     figure = Path(args.figure) if args.figure else (root or Path()) / "comparison.png"
@@ -371,7 +373,7 @@ def cmd_compare(args) -> None:
 
 
 def cmd_predict(args) -> None:
-    from cifarkit.inference import Classifier
+    from cifarkit.inference.classifier import Classifier
     classifier = Classifier.load(args.model, backend=args.backend, verify=not args.no_verify)
     results, failed = [], 0
     for path in args.images:
@@ -394,7 +396,7 @@ def cmd_predict(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from cifarkit.export import export
+    from cifarkit.release.export import export
     report = export(args.release, args.format, args.out)
     print(f"wrote {report['path']} ({report['size_bytes'] / 1e6:.1f} MB); parity on {report['images']} real test "
           f"images: max abs logit difference {report['max_abs_logit_diff']:.2e}, top-1 agreement "
@@ -402,7 +404,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from cifarkit.serve import ServeSettings, serve
+    from cifarkit.serving.serve import ServeSettings, serve
     # The options left out keep ServeSettings' defaults, the one place they are set (and explained).
     given = {name: getattr(args, name) for name in SERVE_SETTINGS if getattr(args, name) is not None}
     settings = ServeSettings(**given, verify=not args.no_verify)
@@ -627,7 +629,7 @@ TRAINING_COMMANDS = ("train", "speedrun", "bench", "profile")
 def entry() -> int:
     """The `cifarkit` command as installed: a training command first restarts itself on tcmalloc, then runs."""
     if sys.argv[1:2] and sys.argv[1] in TRAINING_COMMANDS:
-        from cifarkit import allocator
+        from cifarkit.core import allocator
         allocator.restart_on_tcmalloc(sys.argv[1:])
     return main()
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cifarkit.device import cpu_features
+from cifarkit.core.device import cpu_features
 
 # Rows of the shifted-copy matrix per matmul: few enough that each matmul reads its copies while they are still in
 # cache (41 images at 7x7, 9 MB of copies for 256 channels, against 452 MB for the whole batch), enough that the

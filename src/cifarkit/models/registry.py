@@ -6,10 +6,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from cifarkit.errors import CifarkitError
-
-# What output i of every model here means: CIFAR-10's label order, as its archive numbers the labels.
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+from cifarkit.core.constants import CLASSES  # noqa: F401  (models.CLASSES: what each output means)
+from cifarkit.core.errors import CifarkitError
 
 _MODELS: dict[str, Callable[[], nn.Module]] = {}
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cifarkit.errors import LOG_FORMAT, CifarkitError
+from cifarkit.core.errors import LOG_FORMAT, CifarkitError
 
 log = logging.getLogger("cifarkit")
 

@@ -11,10 +11,12 @@ import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
-from cifarkit import benchmark, device, plots, train
-from cifarkit.config import load_recipe
-from cifarkit.errors import CifarkitError, first_line
-from cifarkit.files import portable, write_json
+from cifarkit.core import device
+from cifarkit.core.errors import CifarkitError, first_line
+from cifarkit.core.files import portable, write_json
+from cifarkit.tools import benchmark
+from cifarkit.training import plots, train
+from cifarkit.training.config import load_recipe
 
 TIMER_COVERS = ("wall_time_s: from the start of the run (loading the cached uint8 data) through model "
                 "initialization, training, {evals} and the final test evaluation{tta}, to the weights being saved; "

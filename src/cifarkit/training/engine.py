@@ -12,11 +12,11 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from cifarkit.data import normalize
-from cifarkit.device import Precision, autocast
-from cifarkit.distributed import sum_over_ranks
-from cifarkit.errors import CifarkitError
-from cifarkit.optim import Lookahead
+from cifarkit.core.device import Precision, autocast
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data.loader import normalize
+from cifarkit.training.distributed import sum_over_ranks
+from cifarkit.training.optim import Lookahead
 
 DIVERGENCE_CHECK_EVERY = 20  # steps; each check syncs with the device, so not every step
 

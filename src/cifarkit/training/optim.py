@@ -11,8 +11,8 @@ from torch import nn
 from torch.optim import lr_scheduler
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from cifarkit.config import OptimConfig, ScheduleConfig
-from cifarkit.device import cpu_has_bf16
+from cifarkit.core.device import cpu_has_bf16
+from cifarkit.training.config import OptimConfig, ScheduleConfig
 
 
 def _param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:

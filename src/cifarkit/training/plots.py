@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from cifarkit.errors import CifarkitError
-from cifarkit.files import atomic_path
+from cifarkit.core.errors import CifarkitError
+from cifarkit.core.files import atomic_path
 
 FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".svg": "svg"}  # suffix -> matplotlib's
 

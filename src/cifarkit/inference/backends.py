@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from cifarkit import device
+from cifarkit.core import device
 
 BACKENDS = ("torch-fp32", "torch-bf16", "onnxruntime")
 REFERENCE = "torch-fp32"  # the model as trained: every other backend is judged against its predictions

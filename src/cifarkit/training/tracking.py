@@ -19,8 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from cifarkit.errors import CifarkitError, first_line
-from cifarkit.files import write_json
+from cifarkit.core.errors import CifarkitError, first_line
+from cifarkit.core.files import write_json
 
 log = logging.getLogger("cifarkit")
 

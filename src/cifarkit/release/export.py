@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cifarkit import checkpoint, preprocess
-from cifarkit.errors import CifarkitError
-from cifarkit.files import atomic_path, file_digest, write_json
-from cifarkit.inference import METRICS_NAME, SHIPPED, WEIGHTS_NAME, read_metrics, release_dir, weights_sha256
+from cifarkit.artifacts import preprocess, weights
+from cifarkit.artifacts.releases import METRICS_NAME, SHIPPED, WEIGHTS_NAME, read_metrics, release_dir, weights_sha256
+from cifarkit.core.errors import CifarkitError
+from cifarkit.core.files import atomic_path, file_digest, write_json
+from cifarkit.inference.runtime import DYNAMIC_BATCH, example_input, onnx_bytes, run_artifact
 
 log = logging.getLogger(__name__)
 
@@ -27,56 +28,16 @@ FILES = {"onnx": "model.onnx", "exported": "model.pt2", "torchscript": "model.to
 PARITY_IMAGES = 512
 MAX_ABS_DIFF = 1e-3  # fp32 against fp32: only kernel-order rounding may differ
 MIN_TOP1_AGREEMENT = 0.999
-ONNX_OPSET = 18
-# Any batch size from 1 to 4096 (batch 2 in the example, so the dimension is not specialized to 1).
-DYNAMIC_BATCH = ({0: torch.export.Dim("batch", min=1, max=4096)},)
-
-
-def _example() -> tuple[torch.Tensor]:
-    return (torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE),)
-
-
-def onnx_bytes(model: torch.nn.Module) -> bytes:
-    """The serialized ONNX model: a dynamic batch dimension, input 'image' (N x 3 x 32 x 32 float32), output
-    'logits'. The same bytes as the saved file, and the same for the same weights every time."""
-    for name in ("onnxscript", "onnx_ir"):  # their graph passes log every rewrite at INFO
-        logging.getLogger(name).setLevel(logging.WARNING)
-    program = torch.onnx.export(model, _example(), input_names=["image"], output_names=["logits"],
-                                dynamic_shapes=DYNAMIC_BATCH, opset_version=ONNX_OPSET, dynamo=True, verbose=False)
-    return program.model_proto.SerializeToString()
-
-
 def write_onnx(model: torch.nn.Module, path: Path) -> None:
     Path(path).write_bytes(onnx_bytes(model))
 
 
 def _write_exported(model: torch.nn.Module, path: Path) -> None:
-    torch.export.save(torch.export.export(model, _example(), dynamic_shapes=DYNAMIC_BATCH), str(path))
+    torch.export.save(torch.export.export(model, example_input(), dynamic_shapes=DYNAMIC_BATCH), str(path))
 
 
 def _write_torchscript(model: torch.nn.Module, path: Path) -> None:
-    torch.jit.save(torch.jit.trace(model, _example()), str(path))
-
-
-def onnx_session(model: Path | bytes):
-    """An onnxruntime session on the CPU, on as many threads as torch (OMP_NUM_THREADS, torch.set_num_threads)
-    rather than onnxruntime's own default of one per core: one setting holds for every backend, and a process given
-    one core does not spin a second thread on a core where another process computes."""
-    import onnxruntime
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    return onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options,
-                                        providers=["CPUExecutionProvider"])
-
-
-def run_artifact(fmt: str, path: Path | bytes):
-    """A function N x 3 x 32 x 32 float32 numpy -> N x 10 logits numpy, running the artifact at `path` (an ONNX
-    model may also come as its serialized bytes)."""
-    if fmt == "onnx":
-        session = onnx_session(path)
-        return lambda x: session.run(None, {"image": x})[0]
-    module = torch.export.load(str(path)).module() if fmt == "exported" else torch.jit.load(str(path))
-    return lambda x: module(torch.from_numpy(x)).detach().numpy()
+    torch.jit.save(torch.jit.trace(model, example_input()), str(path))
 
 
 def parity(model: torch.nn.Module, run, images: np.ndarray) -> dict:
@@ -90,8 +51,10 @@ def parity(model: torch.nn.Module, run, images: np.ndarray) -> dict:
 
 def parity_images(count: int, mean, std) -> np.ndarray:
     """The first `count` real test images, normalized."""
-    from cifarkit import data  # the training side's data set, imported here alone: serving never needs it
-    dataset = data.load()
+    from cifarkit.data import (
+        cifar10,  # the training side's data set, imported here alone: serving never needs it
+        )
+    dataset = cifar10.load()
     pixels = dataset.test_x[:count].permute(0, 2, 3, 1).numpy()
     return preprocess.normalize(pixels, mean, std)
 
@@ -115,7 +78,7 @@ def export(release: str | Path, fmt: str, out: str | Path | None = None) -> dict
         raise CifarkitError(f"{release} is not a release folder (no {METRICS_NAME}); make one with `cifarkit release "
                             f"RUN_DIR --name NAME` and export that")
     weights_sha = weights_sha256(release / WEIGHTS_NAME, metrics)  # never export (and bless) damaged weights
-    model, meta = checkpoint.load_weights(release)
+    model, meta = weights.load_weights(release)
     if out is None:
         out = Path() if release.resolve().is_relative_to(SHIPPED.resolve()) else release
     out = Path(out)

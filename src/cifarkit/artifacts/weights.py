@@ -1,11 +1,7 @@
-"""Atomic save and load of the full training state (for exact resume) and of bare weights (for use).
-
-Checkpoints hold state_dicts and plain data only, so they load with `weights_only=True`: no pickled objects.
-Weights files are safetensors whose metadata names the model and its preprocessing, so they rebuild alone.
-"""
+"""Atomic save and load of bare weights, for use: safetensors files whose metadata names the model and its
+preprocessing, so they rebuild alone."""
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,69 +12,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from cifarkit import models
-from cifarkit.errors import CifarkitError
-from cifarkit.files import write_bytes
+from cifarkit.core.errors import CifarkitError
+from cifarkit.core.files import write_bytes
 
 if TYPE_CHECKING:  # the inference side loads weights through this module and must not import the training loop
-    from cifarkit.engine import TrainState
+    pass
 
 METADATA_KEY = "cifarkit"
-
-
-def rng_states() -> dict:
-    states = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def restore_rng(states: dict) -> None:
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def save_training(path: Path, state: TrainState, epoch: int, extra: dict) -> None:
-    payload = {
-        "epoch": epoch,
-        "model": state.model.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
-        "scheduler": state.scheduler.state_dict(),
-        "scaler": state.scaler.state_dict(),
-        "ema": state.ema.state_dict() if state.ema is not None else None,
-        "lookahead": state.lookahead.state_dict() if state.lookahead is not None else None,
-        "selector": state.selector.state_dict() if state.selector is not None else None,
-        "rng": rng_states(),
-        **extra,
-    }
-    # Serialized in memory, then written by Python: a full disk then raises OSError(ENOSPC), which the CLI reports
-    # in one line, instead of torch's C++ writer's RuntimeError.
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    write_bytes(path, buffer.getvalue())
-
-
-def load_training(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError as e:
-        raise CifarkitError(f"no checkpoint at {path}; the run was stopped before its first epoch ended") from e
-    except Exception as e:
-        raise CifarkitError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e})") from e
-
-
-def restore_training(state: TrainState, payload: dict) -> None:
-    state.model.load_state_dict(payload["model"])
-    state.optimizer.load_state_dict(payload["optimizer"])
-    state.scheduler.load_state_dict(payload["scheduler"])
-    state.scaler.load_state_dict(payload["scaler"])
-    if state.ema is not None:
-        state.ema.load_state_dict(payload["ema"])
-    if state.lookahead is not None:
-        state.lookahead.load_state_dict(payload["lookahead"])
-    if state.selector is not None:
-        state.selector.load_state_dict(payload["selector"])
-    restore_rng(payload["rng"])
 
 
 WEIGHT_DTYPES = ("fp32", "fp16", "int8")
@@ -97,7 +37,8 @@ def save_weights(path: Path, model: torch.nn.Module, model_name: str, mean, std,
     described = {"model": model_name, "mean": list(mean), "std": list(std), **info}
     if weights_dtype == "int8":
         described["quantized"] = "int8, symmetric, one scale per output channel, for every tensor of 2+ dimensions"
-    # In memory first, for the same reason as save_training: a full disk must raise OSError, not a SafetensorError.
+    # In memory first, as training.checkpoint.save_training does: a full disk must raise OSError, not a
+    # SafetensorError.
     write_bytes(path, safetensors.torch.save(tensors, metadata={METADATA_KEY: json.dumps(described, sort_keys=True)}))
 
 

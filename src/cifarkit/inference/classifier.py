@@ -8,7 +8,7 @@
 Three backends compute the logits: PyTorch eager in fp32, PyTorch with bf16 autocast (AMX/AVX512-BF16 CPUs),
 and ONNX Runtime on the release's exported model.onnx (or one exported into the cache on first use).
 `backend="auto"` is decided on the machine that runs, from the release's recorded accuracies and speeds and this
-CPU's features (`cifarkit.backends.choose`); `Classifier.backend_choice` says which backend and why.
+CPU's features (`cifarkit.inference.backends.choose`); `Classifier.backend_choice` says which backend and why.
 
 A release is used only as it was written: its weights, and its model.onnx, must have the sha256s its metrics.json
 records, or loading stops with the file and both hashes named (verify=False, or `predict --no-verify`, skips that).
@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import logging
-import os
-import re
 import warnings
 from contextlib import suppress
 from pathlib import Path
@@ -31,99 +28,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cifarkit import backends, checkpoint, preprocess
-from cifarkit.backends import BACKENDS
-from cifarkit.device import PRECISIONS, autocast, pick_device
-from cifarkit.errors import CifarkitError, describe_os_error
-from cifarkit.files import file_digest, home, write_bytes
-from cifarkit.models.registry import CLASSES
+from cifarkit.artifacts import preprocess
+from cifarkit.artifacts.releases import (
+    DEFAULT_VERSION,
+    METRICS_NAME,
+    ONNX_NAME,
+    SHIPPED,
+    UNVERIFIED,
+    WEIGHTS_NAME,
+    read_metrics,
+    release_dir,
+    versions,
+    weights_sha256,
+)
+from cifarkit.artifacts.weights import load_weights
+from cifarkit.core.constants import CLASSES
+from cifarkit.core.device import PRECISIONS, autocast, pick_device
+from cifarkit.core.errors import CifarkitError, describe_os_error
+from cifarkit.core.files import file_digest, home, write_bytes
+from cifarkit.inference import backends
+from cifarkit.inference.backends import BACKENDS
+from cifarkit.inference.runtime import onnx_bytes, run_artifact
 
 log = logging.getLogger(__name__)
-
-SHIPPED = Path(__file__).resolve().parent / "pretrained"  # the releases that ship with the package
-MODELS = Path("cifar10_models")  # where `cifarkit release` writes them, relative to the working folder
-DEFAULT_VERSION = "A"
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-WEIGHTS_NAME = "model.safetensors"
-METRICS_NAME = "metrics.json"
-ONNX_NAME = "model.onnx"
-UNVERIFIED = "load it unverified with verify=False (cifarkit predict --no-verify)"
-
-
-def release_dir(name_or_path: str | Path, root: str | Path | None = None,
-                accepts: str = "a release folder, a run folder or a .safetensors file") -> Path:
-    """Where the release (or weights) a user named is, the same for every command and the API: an existing path as
-    it is; else a version name, looked up as <root>/version_NAME (root: ./cifar10_models), then among the shipped
-    releases. Otherwise an error that says where it looked, which names exist and (`accepts`) what else to give."""
-    text, root = str(name_or_path), Path(root or MODELS)
-    restore_replaced(Path(text))
-    if Path(text).exists():
-        return Path(text)
-    places = {root: f"in {root}", SHIPPED: "shipped"}  # one entry where root is the shipped folder itself
-    where = text
-    if NAME_PATTERN.fullmatch(text) and not text.endswith(".safetensors"):
-        for folder in places:
-            candidate = folder / f"version_{text}"
-            restore_replaced(candidate)
-            if candidate.is_dir():
-                # The same name may exist in both places: say which one this command uses.
-                log.info("version %s: %s", text, "the shipped release" if folder == SHIPPED else candidate)
-                return candidate
-        where = f"{text}, {root / f'version_{text}'} or the shipped version_{text}"
-    found = "; ".join(f"{', '.join(names)} ({label})" for folder, label in places.items()
-                      if (names := _versions(folder)))
-    raise CifarkitError(f"no weights at {where}; give a version name (found: {found or 'none'}) or {accepts}")
-
-
-def _versions(folder: Path) -> dict[str, Path]:
-    return {p.name.removeprefix("version_"): p for p in sorted(folder.glob("version_*")) if p.is_dir()}
-
-
-def known_releases(root: str | Path | None = None) -> dict[str, Path]:
-    """name -> folder of every release a version name reaches (see `release_dir`), sorted by name."""
-    found = {**_versions(SHIPPED), **_versions(Path(root or MODELS))}  # the user's shadow shipped ones of that name
-    return dict(sorted(found.items()))
-
-
-def replaced_path(target: Path) -> Path:
-    """Where `cifarkit release --force` parks the old release between its two renames, where it cannot swap."""
-    return target.with_name(f".{target.name}.replaced")
-
-
-def restore_replaced(target: Path) -> None:
-    """A replacement killed between its two renames leaves no release at `target`: move the parked one back."""
-    parked = replaced_path(Path(target))
-    if not os.path.lexists(target) and parked.is_dir():
-        os.rename(parked, target)
-        log.warning("restored %s from %s, left there by an interrupted `cifarkit release`", target, parked.name)
-
-
-def read_metrics(folder: Path) -> dict | None:
-    """A release's metrics.json, or None where the folder has none (a run folder, a folder of bare weights)."""
-    path = Path(folder) / METRICS_NAME
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise CifarkitError(f"{path} is unreadable ({e}); restore the release or write it again with "
-                            f"`cifarkit release`") from None
-
-
-def weights_sha256(weights: Path, metrics: dict | None, verify: bool = True) -> str:
-    """The weights file's sha256; with `verify`, refused unless it is the one `metrics` (a release's) records."""
-    try:
-        actual = file_digest(weights, "sha256")
-    except FileNotFoundError:
-        raise CifarkitError(f"no weights at {weights}; give a release folder (cifarkit release), a run folder or a "
-                            f".safetensors file") from None
-    expected = (metrics or {}).get("weights_sha256")
-    if verify and metrics is not None and actual != expected:
-        raise CifarkitError(f"{weights} has sha256 {actual} but {METRICS_NAME} records {expected}: the file was "
-                            f"changed or damaged; restore the release or write it again with `cifarkit release`, "
-                            f"or {UNVERIFIED}")
-    return actual
-
 
 class Classifier:
     def __init__(self, model: torch.nn.Module, mean, std, backend: str = "torch-fp32", device: str = "cpu",
@@ -143,7 +70,6 @@ class Classifier:
             if onnx is None or (isinstance(onnx, Path) and not onnx.exists()):
                 raise CifarkitError(f"backend onnxruntime needs {onnx or ONNX_NAME}; write it with "
                                     f"`cifarkit export RELEASE --format onnx` or choose another backend")
-            from cifarkit.export import run_artifact
             self._run_onnx = run_artifact("onnx", onnx)
         self._precision = PRECISIONS["bf16" if backend == "torch-bf16" else "fp32"]
         if self._precision.autocast_dtype is not None:
@@ -169,7 +95,7 @@ class Classifier:
         A release's weights, and the model.onnx it may hold, are used only if their sha256s are the ones its
         metrics.json records (checked before anything is loaded); verify=False skips that check. Weights without a
         metrics.json load unverified, with a warning, and `auto` means torch-fp32 for them. `auto` is decided for
-        this machine (see `cifarkit.backends`), and logged with its reason.
+        this machine (see `cifarkit.inference.backends`), and logged with its reason.
         """
         path = release_dir(path)
         folder, weights = (path, path / WEIGHTS_NAME) if path.is_dir() else (path.parent, path)
@@ -179,7 +105,7 @@ class Classifier:
             log.warning("%s is not verified: no %s records its sha256 (backend auto means torch-fp32)", weights,
                         METRICS_NAME)
         sha = weights_sha256(weights, info, verify)
-        model, meta = checkpoint.load_weights(weights)
+        model, meta = load_weights(weights)
         info = info or {}
         choice = None
         if backend == "auto":
@@ -200,7 +126,7 @@ class Classifier:
         """A release shipped inside the package (no download): version A by default."""
         folder = SHIPPED / f"version_{version}"
         if not folder.is_dir():
-            raise CifarkitError(f"no shipped release {version!r}; shipped: {', '.join(_versions(SHIPPED)) or 'none'}")
+            raise CifarkitError(f"no shipped release {version!r}; shipped: {', '.join(versions(SHIPPED)) or 'none'}")
         return cls.load(folder, backend=backend, verify=verify)
 
     def logits(self, pixels: np.ndarray) -> torch.Tensor:
@@ -302,7 +228,6 @@ def _cached_onnx(model: torch.nn.Module, weights_sha: str) -> Path | bytes:
     the cache and later loads reuse it. The name holds the weights' sha256 (which model) and the file's own (so a
     damaged copy is recognised, and exported again). A cache that cannot be written (read-only or missing home,
     full disk) costs the reuse, never the prediction: the export then runs from memory."""
-    from cifarkit import export
     folder = home() / "onnx"
     key = weights_sha[:32]
     for path in folder.glob(f"{key}.*.onnx"):
@@ -313,7 +238,7 @@ def _cached_onnx(model: torch.nn.Module, weights_sha: str) -> Path | bytes:
         with suppress(OSError):
             path.unlink()
     log.info("exporting the ONNX model once into the cache %s (later loads reuse it)...", folder)
-    serialized = export.onnx_bytes(model)
+    serialized = onnx_bytes(model)
     path = folder / f"{key}.{hashlib.sha256(serialized).hexdigest()[:16]}.onnx"
     try:
         write_bytes(path, serialized)

@@ -24,11 +24,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from cifarkit import distributed, train
-from cifarkit.config import Recipe
-from cifarkit.device import describe, pick_device, report
-from cifarkit.engine import evaluate, train_one_epoch
+from cifarkit.core.device import describe, pick_device, report
 from cifarkit.models.layers import Conv3x3MatmulWeightGrad
+from cifarkit.training import distributed, train
+from cifarkit.training.config import Recipe
+from cifarkit.training.engine import evaluate, train_one_epoch
 
 PHASES = ("augmentation", "forward", "backward", "optimizer", "weight averaging")
 # Operator kinds inside the forward and backward passes, matched in order against aten's operator names.

@@ -29,13 +29,23 @@ import numpy as np
 import torch
 import yaml
 
-from cifarkit import backends, benchmark, checkpoint, data, device, export, models, plots, preprocess
-from cifarkit.backends import BACKENDS
-from cifarkit.config import flatten, load_recipe, recipe_from_dict, to_dict
-from cifarkit.engine import evaluate, per_class_accuracy
-from cifarkit.errors import CifarkitError
-from cifarkit.files import (
+from cifarkit import models
+from cifarkit.artifacts import preprocess, weights
+from cifarkit.artifacts.releases import (
+    METRICS_NAME,
+    NAME_PATTERN,
+    ONNX_NAME,
+    WEIGHTS_NAME,
+    known_releases,
+    read_metrics,
+    replaced_path,
+    restore_replaced,
+)
+from cifarkit.core import device
+from cifarkit.core.errors import CifarkitError
+from cifarkit.core.files import (
     FOLDER_MODE,
+    file_digest,
     fsync_folder,
     fsync_tree,
     portable,
@@ -44,17 +54,15 @@ from cifarkit.files import (
     write_json,
     write_text,
 )
-from cifarkit.inference import (
-    METRICS_NAME,
-    NAME_PATTERN,
-    ONNX_NAME,
-    WEIGHTS_NAME,
-    Classifier,
-    known_releases,
-    read_metrics,
-    replaced_path,
-    restore_replaced,
-)
+from cifarkit.data import cifar10
+from cifarkit.inference import backends
+from cifarkit.inference.backends import BACKENDS
+from cifarkit.inference.classifier import Classifier
+from cifarkit.release import export
+from cifarkit.tools import benchmark
+from cifarkit.training import plots
+from cifarkit.training.config import flatten, load_recipe, recipe_from_dict, to_dict
+from cifarkit.training.engine import evaluate, per_class_accuracy
 
 log = logging.getLogger(__name__)
 INFERENCE_ROUNDS = 5  # interleaved rounds per backend and batch size; the median is kept
@@ -136,14 +144,14 @@ def exchange_paths(a: Path, b: Path) -> bool:
 def _assemble(folder: Path, run_dir: Path, run_config: dict, name: str, weights_dtype: str,
               spread: dict | None, keep_onnx: bool) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
-    model, meta = checkpoint.load_weights(run_dir)
+    model, meta = weights.load_weights(run_dir)
     mean, std = meta["mean"], meta["std"]
     weights_path = folder / WEIGHTS_NAME
-    checkpoint.save_weights(weights_path, model, meta["model"], mean, std, weights_dtype=weights_dtype,
+    weights.save_weights(weights_path, model, meta["model"], mean, std, weights_dtype=weights_dtype,
                             release=name, recipe=summary["recipe"])
-    model, _ = checkpoint.load_weights(weights_path)  # measure what ships: an fp32 model with the stored values
+    model, _ = weights.load_weights(weights_path)  # measure what ships: an fp32 model with the stored values
     write_text(folder / "preprocess.py", _standalone_preprocess(mean, std))
-    dataset = data.load()
+    dataset = cifar10.load()
     cpu = torch.device("cpu")
     log.info("measuring test accuracy (%s images, fp32, single view and with TTA)...", f"{len(dataset.test_y):,}")
     plain = evaluate(model, dataset.test_x, dataset.test_y, mean, std, cpu, device.PRECISIONS["fp32"])
@@ -152,12 +160,12 @@ def _assemble(folder: Path, run_dir: Path, run_config: dict, name: str, weights_
     log.info("exporting the ONNX model for the onnxruntime measurement...")
     export.write_onnx(model, onnx_path)
     inference = _measure_inference(model, mean, std, onnx_path, dataset, plain["predictions"])
-    weights_sha = data.file_digest(weights_path, "sha256")
+    weights_sha = file_digest(weights_path, "sha256")
     metrics = {
         "release": name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source_run": portable(run_dir), "recipe": summary["recipe"], "model": meta["model"],
         "test_acc": plain["acc"],
-        "test_acc_per_class": dict(zip(data.CLASSES, per_class_accuracy(plain["predictions"], dataset.test_y))),
+        "test_acc_per_class": dict(zip(cifar10.CLASSES, per_class_accuracy(plain["predictions"], dataset.test_y))),
         "test_images": len(dataset.test_y),
         "test_acc_evaluation": "single view, fp32, no TTA: exactly what Classifier.predict computes",
         "test_acc_tta": tta["acc"],
@@ -177,7 +185,7 @@ def _assemble(folder: Path, run_dir: Path, run_config: dict, name: str, weights_
         onnx_path.unlink()
     config = {
         "model": {"name": meta["model"], "params": metrics["params"], "macs": metrics["macs"],
-                  "input": [3, preprocess.SIZE, preprocess.SIZE], "classes": list(data.CLASSES)},
+                  "input": [3, preprocess.SIZE, preprocess.SIZE], "classes": list(cifar10.CLASSES)},
         "training": {"recipe": summary["recipe"], "optim": run_config["optim"], "schedule": run_config["schedule"],
                      "train": run_config["train"], "run": _portable_run(run_config.get("run", {}))},
         "data": {**run_config["data"], "dataset_sha256": dataset.sha256},
@@ -196,7 +204,7 @@ def _portable_run(run: dict) -> dict:
 def write_manifest(folder: Path, metrics: dict) -> None:
     """Write `metrics` as the release's metrics.json, with the sha256 of every other file of the release."""
     folder = Path(folder)
-    metrics["files"] = {path.name: data.file_digest(path, "sha256") for path in sorted(folder.iterdir())
+    metrics["files"] = {path.name: file_digest(path, "sha256") for path in sorted(folder.iterdir())
                         if path.is_file() and path.name != METRICS_NAME and not path.name.startswith(".")}
     write_json(folder / METRICS_NAME, metrics)
 
@@ -227,7 +235,7 @@ def check(folder: Path) -> list[tuple[str, str, str]]:
         path = folder / name
         if not path.is_file():
             problems[name].append("missing")
-        elif (actual := data.file_digest(path, "sha256")) != sha:
+        elif (actual := file_digest(path, "sha256")) != sha:
             problems[name].append(f"changed: sha256 {actual}, recorded {sha}")
     for fmt, report in exports.items():
         if report.get("weights_sha256") != metrics.get("weights_sha256"):
@@ -244,7 +252,7 @@ def check(folder: Path) -> list[tuple[str, str, str]]:
 
 def _check_model_names(folder: Path, metrics: dict, problems: dict[str, list[str]]) -> None:
     try:
-        _, meta = checkpoint.load_weights(folder / WEIGHTS_NAME)
+        _, meta = weights.load_weights(folder / WEIGHTS_NAME)
     except CifarkitError as e:
         problems[WEIGHTS_NAME].append(str(e))
         return

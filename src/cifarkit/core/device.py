@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from cifarkit import allocator
-from cifarkit.errors import CifarkitError
+from cifarkit.core import allocator
+from cifarkit.core.errors import CifarkitError
 
 
 def pick_device(preference: str = "auto") -> torch.device:

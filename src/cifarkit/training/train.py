@@ -18,11 +18,18 @@ import torch
 import yaml
 from torch import nn
 
-import cifarkit
-from cifarkit import allocator, checkpoint, data, distributed, models, plots
-from cifarkit.config import Recipe, TrainConfig, recipe_from_dict, to_dict
-from cifarkit.device import Precision, configure, cpu_features, describe, pick_device, pick_precision, report
-from cifarkit.engine import (
+from cifarkit import models
+from cifarkit.artifacts import weights
+from cifarkit.core import allocator
+from cifarkit.core.constants import VERSION
+from cifarkit.core.device import Precision, configure, cpu_features, describe, pick_device, pick_precision, report
+from cifarkit.core.errors import LOG_FORMAT, CifarkitError, first_line
+from cifarkit.core.files import portable, write_json, write_text
+from cifarkit.data import cifar10
+from cifarkit.data.loader import TrainLoader, normalize
+from cifarkit.training import checkpoint, distributed, plots
+from cifarkit.training.config import Recipe, TrainConfig, recipe_from_dict, to_dict
+from cifarkit.training.engine import (
     ClassificationLoss,
     DistillationLoss,
     DivergenceError,
@@ -31,10 +38,8 @@ from cifarkit.engine import (
     evaluate,
     train_one_epoch,
 )
-from cifarkit.errors import LOG_FORMAT, CifarkitError, first_line
-from cifarkit.files import portable, write_json, write_text
-from cifarkit.optim import build_ema, build_lookahead, build_optimizer, build_schedule
-from cifarkit.tracking import open_tracker, require_mlflow
+from cifarkit.training.optim import build_ema, build_lookahead, build_optimizer, build_schedule
+from cifarkit.training.tracking import open_tracker, require_mlflow
 
 log = logging.getLogger("cifarkit")
 
@@ -63,7 +68,7 @@ def _read_metrics(path: Path, up_to_epoch: int) -> list[dict]:
 def _versions() -> dict:
     import numpy
     import torchvision
-    return {"cifarkit": cifarkit.__version__, "torch": str(torch.__version__),
+    return {"cifarkit": VERSION, "torch": str(torch.__version__),
             "torchvision": str(torchvision.__version__), "numpy": numpy.__version__}
 
 
@@ -75,8 +80,8 @@ class _Setup:
     precision: Precision
     memory_format: torch.memory_format
     group: distributed.Group
-    dataset: data.Cifar10
-    loader: data.TrainLoader
+    dataset: cifar10.Cifar10
+    loader: TrainLoader
     val: tuple[torch.Tensor, torch.Tensor]
     test: tuple[torch.Tensor, torch.Tensor]
     state: TrainState
@@ -190,12 +195,12 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     if cfg.compile and device.type != "cuda":
         # torch.compile's toolchain probe warns that CUDA_HOME holds no CUDA runtime: true, and of no concern here.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    dataset = data.load()
-    train_idx, val_idx = data.split_train(dataset.train_y, recipe.data.val_split, recipe.data.subset, cfg.seed)
+    dataset = cifar10.load()
+    train_idx, val_idx = cifar10.split_train(dataset.train_y, recipe.data.val_split, recipe.data.subset, cfg.seed)
     # Everything lives on the training device from here on: batches are sliced and augmented there, no workers.
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
     mine = range(group.rank * cfg.accumulate_steps, (group.rank + 1) * cfg.accumulate_steps)
-    loader = data.TrainLoader(dataset.train_x[train_idx].to(device), dataset.train_y[train_idx].to(device),
+    loader = TrainLoader(dataset.train_x[train_idx].to(device), dataset.train_y[train_idx].to(device),
                               cfg.batch_size, recipe.data, cfg.seed, memory_format, shards=shards, own=mine)
     val = dataset.train_x[val_idx].to(device), dataset.train_y[val_idx].to(device)
     test = dataset.test_x.to(device), dataset.test_y.to(device)
@@ -285,13 +290,13 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         selected_epoch = cfg.epochs
         test = {"acc": records[-1]["test_acc"], "loss": records[-1]["test_loss"]}
     else:
-        final_model, _ = checkpoint.load_weights(out / "checkpoints" / "best.safetensors")
+        final_model, _ = weights.load_weights(out / "checkpoints" / "best.safetensors")
         final_model = final_model.to(device).to(memory_format=setup.memory_format)
         selected_epoch = best["epoch"]
         log.info("measuring the test accuracy of epoch %d's weights, chosen on validation%s", selected_epoch,
                  " (with test-time augmentation)" if cfg.tta else "")
         test = evaluate(final_model, test_x, test_y, tta=cfg.tta, progress="TTA" if cfg.tta else None, **eval_args)
-    checkpoint.save_weights(out / "model.safetensors", final_model, recipe.model.name, mean, std,
+    weights.save_weights(out / "model.safetensors", final_model, recipe.model.name, mean, std,
                             recipe=recipe.name, epoch=selected_epoch)
     summary = {
         "recipe": recipe.name, "model": recipe.model.name, "test_acc": test["acc"], "test_loss": test["loss"],
@@ -320,7 +325,7 @@ def _evaluate_epoch(record: dict, best: dict, model: nn.Module, recipe: Recipe, 
         record.update(val_loss=val["loss"], val_acc=val["acc"])
         if val["acc"] > best["val_acc"]:  # single views at every epoch: like compared with like
             best = {"val_acc": val["acc"], "epoch": epoch}
-            checkpoint.save_weights(out / "checkpoints" / "best.safetensors", model, recipe.model.name,
+            weights.save_weights(out / "checkpoints" / "best.safetensors", model, recipe.model.name,
                                     recipe.data.mean, recipe.data.std, epoch=epoch)
         if tta:  # read as the test set will be, so that tuning on validation predicts the test figure
             val = evaluate(model, val_x, val_y, tta=True, **eval_args)
@@ -352,7 +357,7 @@ def _freeze_for_epoch(model: nn.Module, cfg: TrainConfig, epoch: int) -> None:
         model.whiten.bias.requires_grad_(epoch <= cfg.whiten_bias_epochs)
 
 
-def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision, memory_format,
+def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, precision, memory_format,
                  group: distributed.Group) -> TrainState:
     cfg = recipe.train
     model = models.create(recipe.model.name).to(device)
@@ -382,18 +387,18 @@ def _build_state(recipe: Recipe, loader: data.TrainLoader, device: torch.device,
     )
 
 
-def _optimization(model: nn.Module, recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision):
+def _optimization(model: nn.Module, recipe: Recipe, loader: TrainLoader, device: torch.device, precision):
     """(optimizer, lr schedule, grad scaler) for a model, from the recipe."""
     optimizer = build_optimizer(model, recipe.optim)
     scheduler = build_schedule(optimizer, recipe.schedule, recipe.train.epochs, loader.steps_per_epoch)
     return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
 
-def _init_sample(recipe: Recipe, loader: data.TrainLoader) -> torch.Tensor:
+def _init_sample(recipe: Recipe, loader: TrainLoader) -> torch.Tensor:
     """5,000 normalized training images for data-dependent initialization. Every rank holds the whole training set
     and draws the same sample: the same filters everywhere."""
     sample = torch.randperm(len(loader.images), generator=torch.Generator().manual_seed(recipe.train.seed))[:5000]
-    return data.normalize(loader.images[sample.to(loader.images.device)], recipe.data.mean, recipe.data.std)
+    return normalize(loader.images[sample.to(loader.images.device)], recipe.data.mean, recipe.data.std)
 
 
 def _init_from_data(model: nn.Module, sample: torch.Tensor) -> None:
@@ -402,7 +407,7 @@ def _init_from_data(model: nn.Module, sample: torch.Tensor) -> None:
         model.init_from_data(sample)
 
 
-def _build_selector(recipe: Recipe, loader: data.TrainLoader, device: torch.device, precision,
+def _build_selector(recipe: Recipe, loader: TrainLoader, device: torch.device, precision,
                     memory_format, sample: torch.Tensor) -> HardestSelector | None:
     """The proxy that ranks each batch's images for train.select_fraction: its own model, built from the recipe's
     optimizer and schedule, as airbench96 trains its proxy with its main net's settings."""
@@ -423,9 +428,9 @@ def _loss(recipe: Recipe, device: torch.device, memory_format, run_info: dict) -
     distill = recipe.distill
     if distill.teacher is None:
         return ClassificationLoss(recipe.train.label_smoothing)
-    from cifarkit.inference import release_dir
+    from cifarkit.artifacts.releases import release_dir
     folder = release_dir(distill.teacher)
-    teacher, meta = checkpoint.load_weights(folder)
+    teacher, meta = weights.load_weights(folder)
     if tuple(meta["mean"]) != tuple(recipe.data.mean) or tuple(meta["std"]) != tuple(recipe.data.std):
         raise CifarkitError(f"teacher {folder} normalizes with mean {meta['mean']} / std {meta['std']}, the recipe "
                             f"with {recipe.data.mean} / {recipe.data.std}; set data.mean and data.std to the teacher's")

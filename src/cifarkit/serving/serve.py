@@ -43,13 +43,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.auto import AutoHTTPProtocol  # httptools' protocol where installed, else h11's
 
-from cifarkit import __version__, backends, preprocess
-from cifarkit.errors import CifarkitError
-from cifarkit.inference import Classifier, prediction, release_dir
+from cifarkit.artifacts import preprocess
+from cifarkit.artifacts.releases import release_dir
+from cifarkit.core.constants import VERSION
+from cifarkit.core.errors import CifarkitError
+from cifarkit.inference import backends
+from cifarkit.inference.classifier import Classifier, prediction
 
 log = logging.getLogger(__name__)
 
-WEB = resources.files("cifarkit") / "web"
+WEB = resources.files("cifarkit.serving") / "web"
 API_KEY_ENV = "CIFARKIT_API_KEY"
 LOOPBACK = "127.0.0.1"
 RAW_TYPES = ("image/", "application/octet-stream")  # a raw body of these types is one image file
@@ -468,7 +471,7 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
             state["ready"] = False
             state["pipeline"].stop()
 
-    app = FastAPI(title="cifarkit", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="cifarkit", version=VERSION, lifespan=lifespan,
                   description="CIFAR-10 classifiers released by cifarkit. Errors are JSON: {\"detail\": \"...\"}.")
 
     def shed(scope) -> _Refused | None:

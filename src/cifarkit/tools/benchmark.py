@@ -20,13 +20,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cifarkit import distributed, models
-from cifarkit.config import AugmentConfig, DataConfig, OptimConfig, ScheduleConfig
-from cifarkit.data import TrainLoader
-from cifarkit.device import configure, pick_precision, precision_problem
-from cifarkit.engine import ClassificationLoss, TrainState, evaluate, train_one_epoch
-from cifarkit.errors import CifarkitError
-from cifarkit.optim import build_optimizer, build_schedule
+from cifarkit import models
+from cifarkit.core.device import configure, pick_precision, precision_problem
+from cifarkit.core.errors import CifarkitError
+from cifarkit.data.config import AugmentConfig, DataConfig
+from cifarkit.data.loader import TrainLoader
+from cifarkit.training import distributed
+from cifarkit.training.config import OptimConfig, ScheduleConfig
+from cifarkit.training.engine import ClassificationLoss, TrainState, evaluate, train_one_epoch
+from cifarkit.training.optim import build_optimizer, build_schedule
 
 MODES = {"fp32": ("fp32", False), "fp32+cl": ("fp32", True), "bf16+cl": ("bf16", True), "fp16+cl": ("fp16", True)}
 # Random images the steps cycle through, so that more --steps cost time, not memory.

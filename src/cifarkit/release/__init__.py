@@ -1,0 +1,1 @@
+"""Versioned releases of trained weights: build, check, compare, evaluate and export them."""

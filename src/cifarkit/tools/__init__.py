@@ -1,0 +1,1 @@
+"""Measurements: training and inference benchmarks, the profiler and timed speed runs."""
