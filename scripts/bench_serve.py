@@ -444,7 +444,7 @@ def model_alone(model: str, backend: str) -> dict:
     import torch
 
     from cifarkit.inference.classifier import Classifier
-    from cifarkit.serving.serve import ServeSettings
+    from cifarkit.serving.settings import ServeSettings
     torch.set_num_threads(ServeSettings().model_threads())
     classifier = Classifier.load(model, backend=backend, traced=True)
     figures = {"backend": classifier.backend, "traced": classifier.traced, "threads": torch.get_num_threads()}

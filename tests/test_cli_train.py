@@ -18,7 +18,8 @@ import pytest
 import torch
 import yaml
 
-from cifarkit.cli import GRID_MAX, main, options
+from cifarkit.cli import main, options
+from cifarkit.cli.data import GRID_MAX
 from cifarkit.core import device
 from cifarkit.data import cifar10, loader
 from cifarkit.tools import speedrun

@@ -1,6 +1,7 @@
 import pytest
 
-from cifarkit.cli import DEFAULT_RECIPE, main
+from cifarkit.cli import main
+from cifarkit.cli.common import DEFAULT_RECIPE
 from cifarkit.core.errors import CifarkitError
 from cifarkit.training.config import builtin_recipes, load_recipe
 

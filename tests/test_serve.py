@@ -21,10 +21,11 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from cifarkit.cli import SERVE_SETTINGS, options
+from cifarkit.cli import options
+from cifarkit.cli.serving import SERVE_SETTINGS
 from cifarkit.inference import backends
 from cifarkit.inference.classifier import Classifier
-from cifarkit.serving.serve import ServeSettings
+from cifarkit.serving.settings import ServeSettings
 from conftest import ROOT
 from servers import running_server
 
@@ -294,7 +295,7 @@ def test_sigterm_finishes_the_request_in_flight_and_the_server_imports_no_traini
     by_torch = set(subprocess.run([sys.executable, "-c", "import sys, torch; print('\\n'.join(sys.modules))"],
                                   capture_output=True, text=True, check=True).stdout.split())
     imported = {m for m in TRAINING_SIDE if any(n == m or n.startswith(m + ".") for n in loaded - by_torch)}
-    assert "cifarkit.serving.serve" in loaded and "fastapi" in loaded and not imported
+    assert "cifarkit.serving.server" in loaded and "fastapi" in loaded and not imported
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -1,0 +1,166 @@
+"""`cifarkit bench`, `profile` and `speedrun`: training speed, where a step spends it, and timed runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from cifarkit.cli.common import (
+    BENCH_MODES,
+    DEFAULT_RECIPE,
+    DEVICES,
+    add_recipe_options,
+    bounded,
+    command,
+    overrides,
+    plural,
+)
+
+
+def cmd_bench(args) -> None:
+    from cifarkit.core.device import describe, pick_device, report
+    from cifarkit.core.files import write_json
+    from cifarkit.models import names
+    from cifarkit.tools.benchmark import peak_memory, train_throughput
+    from cifarkit.training import distributed
+    if args.nproc:
+        _bench_scaling(args)
+        return
+    if args.devices:
+        _bench_devices(args)
+        return
+    modes = args.modes or BENCH_MODES
+    group = distributed.launched()  # under torchrun: one of the processes `--nproc` measures
+    device = distributed.init(group, pick_device(args.device), None)
+    try:
+        rows = train_throughput(args.models or names(), modes, device, args.batch_size, args.steps, args.rounds,
+                                group)
+    finally:
+        distributed.finish(group)
+    if not group.writes:
+        return
+    env = report(device)
+    print("\n".join(describe(env)))
+    print(f"\ntraining throughput, batch {args.batch_size}, median of {plural(args.rounds, 'round')} of "
+          f"{plural(args.steps, 'step')}")
+    print(f"| model | mode | img/s | vs {modes[0]} |\n|---|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['mode']} | {r['images_per_s']:.0f} | {r[f'speedup_vs_{modes[0]}']:.2f}x |")
+    if args.json:
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # the allocator's share shows in page faults and system time
+        peak, kind = peak_memory(device)
+        write_json(args.json, {"environment": env, "batch_size": args.batch_size, "steps": args.steps,
+                               "rounds": args.rounds, "results": rows,
+                               "process": {"minor_page_faults": usage.ru_minflt, "system_s": usage.ru_stime,
+                                           "user_s": usage.ru_utime},
+                               "peak_memory": {"bytes": peak, "kind": kind}})
+        print(f"wrote {args.json}")
+
+
+def _bench_devices(args) -> None:
+    from cifarkit.core.device import describe, report
+    from cifarkit.core.files import write_json
+    from cifarkit.models import names
+    from cifarkit.tools.benchmark import AMP, device_report, device_table
+    from cifarkit.training.plots import device_speedups
+    result = device_report(args.devices, args.models or names(), args.modes or ["fp32", AMP], args.batch_size,
+                           args.steps, args.rounds)
+    env = report()
+    print("\n".join(describe(env)))
+    print(f"\ntraining and inference per device, batch {args.batch_size}, median of {plural(args.rounds, 'round')} "
+          f"of {plural(args.steps, 'step')}, each measured in a process of its own")
+    print(device_table(result))
+    for what, why in result["skipped"].items():
+        print(f"skipped {what}: {why}")
+    if args.json:
+        chart = Path(args.json).with_suffix(".png")
+        device_speedups(result, chart)
+        write_json(args.json, {"environment": env, "command": "cifarkit " + " ".join(args.argv), **result})
+        print(f"wrote {args.json} and {chart}")
+
+
+def _bench_scaling(args) -> None:
+    from cifarkit.core.device import describe, pick_device, report
+    from cifarkit.core.files import write_json
+    from cifarkit.tools.benchmark import scaling
+    device = pick_device(args.device)
+    model, mode = (args.models or ["fastnet"])[0], (args.modes or BENCH_MODES)[-1]
+    result = scaling(args.nproc, model, mode, device, args.batch_size, args.steps, args.rounds)
+    env = report(device)
+    print("\n".join(describe(env)))
+    print(f"\ndata-parallel scaling of {model} ({mode}), global batch {args.batch_size}, median of "
+          f"{plural(args.rounds, 'round')} of {plural(args.steps, 'step')}, each count launched by torchrun")
+    print("| processes | img/s | speed-up | efficiency |\n|---:|---:|---:|---:|")
+    for r in result["rows"]:
+        print(f"| {r['processes']} | {r['images_per_s']:.0f} | {r['speedup']:.2f}x | {100 * r['efficiency']:.0f}% |")
+    print(f"evaluation on rank 0 alone: {result['eval_images_per_s']:.0f} img/s, "
+          f"{result['eval_images'] / result['eval_images_per_s']:.1f} s per pass over {result['eval_images']:,} images")
+    if args.json:
+        write_json(args.json, {"environment": env, "command": "cifarkit " + " ".join(args.argv), "scaling": result})
+        print(f"wrote {args.json}")
+
+
+def cmd_profile(args) -> None:
+    from cifarkit.core.files import write_json
+    from cifarkit.tools import profiling
+    from cifarkit.training.config import load_recipe
+    result = profiling.run(load_recipe(args.recipe or DEFAULT_RECIPE, overrides(args)), args.steps)
+    print(profiling.table(result))
+    if args.json:
+        write_json(args.json, {"command": "cifarkit " + " ".join(args.argv), **result})
+        print(f"wrote {args.json}")
+
+
+def cmd_speedrun(args) -> None:
+    from cifarkit.core.files import write_json
+    from cifarkit.tools import speedrun
+    from cifarkit.training.config import check_seed
+    check_seed(args.first_seed, "--first-seed")
+    check_seed(args.first_seed + args.runs - 1, "the last seed, --first-seed + --runs - 1")
+    report = speedrun.run(args.recipe or DEFAULT_RECIPE, args.runs, args.target, Path(args.out) if args.out else None,
+                          args.first_seed, curve=not args.no_curve, overrides=tuple(overrides(args)))
+    print(speedrun.table(report))
+    print(f"timer: {report['timer_covers']}")
+    print(f"wrote {report['out_dir']}/speedrun.json and speedrun.png")
+    if args.json:
+        write_json(args.json, {k: v for k, v in report.items() if k != "out_dir"})
+        print(f"wrote {args.json}")
+
+
+def register(sub) -> None:
+    """Adds this group's commands to the `cifarkit` parser's subcommands."""
+    p = command(sub, "speedrun", "train a recipe over N seeds; report mean, std, CI, t-test and wall time")
+    add_recipe_options(p, skip=("seed",))  # --first-seed sets the seeds
+    p.add_argument("--runs", type=bounded(1), default=5, help="runs, one per seed (default: 5)")
+    p.add_argument("--first-seed", type=int, default=0, help="seed of the first run; the others count up (default: 0)")
+    p.add_argument("--target", type=bounded(0.0, 1.0, float, why="an accuracy: 0.94 is 94%"), default=0.94,
+                   help="accuracy to test the mean against (default: 0.94)")
+    p.add_argument("--no-curve", action="store_true", help="skip the per-epoch test passes (they count as time)")
+    p.add_argument("--out", help="folder for the runs (default: runs/speedrun-<recipe>-<time>)")
+    p.add_argument("--json", help="also write the report to this file")
+    p.set_defaults(func=cmd_speedrun)
+    p = command(sub, "bench", "training img/s per model and precision (prints a table, writes JSON)")
+    p.add_argument("--models", nargs="+", help="registered model names (default: all; `cifarkit models` lists them)")
+    p.add_argument("--modes", nargs="+",
+                   help="precision and memory layout: fp32, fp32+cl, bf16+cl, fp16+cl (cl = channels-last; "
+                        "default: fp32 bf16+cl); the first is the baseline of the speed-up column. With --devices "
+                        "also amp, each device's default mixed precision (default there: fp32 amp)")
+    p.add_argument("--batch-size", type=bounded(1, 50_000, why="CIFAR-10 has 50,000 training images"), default=128,
+                   help="images per step (default: 128)")
+    p.add_argument("--steps", type=bounded(1), default=10, help="timed steps per measurement (default: 10)")
+    p.add_argument("--rounds", type=bounded(1), default=3,
+                   help="interleaved rounds; the table shows each configuration's median (default: 3)")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA, then MPS, then the CPU")
+    p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--nproc", type=bounded(1), nargs="+", metavar="N",
+                   help="measure data-parallel scaling instead: the first model (default fastnet) in the last mode, "
+                        "on N processes each, launched by torchrun")
+    p.add_argument("--devices", nargs="+", choices=("cpu", "cuda", "mps"),
+                   help="the CPU-vs-GPU report instead: every model on each of these devices that is available "
+                        "(cpu included), against the CPU in fp32, with peak memory and inference img/s; --json "
+                        "also writes a bar chart beside it (.png)")
+    p.set_defaults(func=cmd_bench)
+    p = command(sub, "profile", "where a recipe's training step spends its time (torch.profiler table, page faults)")
+    add_recipe_options(p)
+    p.add_argument("--steps", type=bounded(1), default=10, help="steps timed, then as many profiled (default: 10)")
+    p.add_argument("--json", help="also write the results to this file")
+    p.set_defaults(func=cmd_profile)
