@@ -19,7 +19,7 @@ from cifarkit import models
 from cifarkit.artifacts.releases import SHIPPED
 from cifarkit.core.files import write_text
 from cifarkit.inference import backends
-from cifarkit.release import build
+from cifarkit.release.compare import compare
 from cifarkit.tools.benchmark import device_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def machine_speeds(runs: list[dict]) -> str:
 
 
 def releases_block() -> str:
-    return build.compare(SHIPPED, RESULTS / "releases.png")
+    return compare(SHIPPED, RESULTS / "releases.png")
 
 
 def inference_block() -> str:

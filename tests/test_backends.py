@@ -116,7 +116,7 @@ def test_on_a_gpu_bf16_needs_native_support(monkeypatch, device_type, native, ex
                                            ("AVX512_CORE", ICE_LAKE), ("AVX2", ZEN3), ("SSE41", [])])
 def test_onednn_s_isa_cap_removes_the_features_above_it(monkeypatch, cap, features):
     """ONEDNN_MAX_CPU_ISA imitates an older CPU (on an AMX machine, faked here): bf16 above the cap is emulated."""
-    monkeypatch.setattr(device, "_is_x86", lambda: True)
+    monkeypatch.setattr(device, "is_x86", lambda: True)
     for probe in device.X86_FEATURES.values():
         monkeypatch.setattr(torch.cpu, probe, lambda: True)
     if cap is None:

@@ -17,6 +17,7 @@ from cifarkit import CIFAR10Classifier, Classifier
 from cifarkit.cli import main
 from cifarkit.data import cifar10
 from cifarkit.release import build
+from cifarkit.release.card import model_card
 
 
 @pytest.fixture
@@ -163,7 +164,7 @@ def test_a_release_card_says_what_the_run_and_its_speedrun_did(released, run_dir
         run_config["train"]["tta"] = tta
         report = speedrun_report(tmp_path / "speedrun.json", overrides + [f"train.tta={tta}"])
         spread = build.speedrun_figures(report, run_config)
-        card = build.model_card({**metrics, "speedrun": spread}, config)
+        card = model_card({**metrics, "speedrun": spread}, config)
         assert f"Over 2 seeds of the same recipe ({evaluation}): mean 31.00%, std 1.00." in card
 
 

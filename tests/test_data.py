@@ -30,7 +30,7 @@ def test_import_decodes_verifies_and_caches(synthetic_archive, empty_home, caplo
 def test_second_load_reads_the_cache_without_decoding(synthetic_archive, empty_home, monkeypatch):
     monkeypatch.setenv("CIFARKIT_DATA", str(synthetic_archive))
     first = cifar10.load()
-    monkeypatch.setattr(cifar10, "_read_source", lambda path: pytest.fail("decoded the archive a second time"))
+    monkeypatch.setattr(cifar10, "read_source", lambda path: pytest.fail("decoded the archive a second time"))
     second = cifar10.load()
     assert second.sha256 == first.sha256 and torch.equal(second.train_x, first.train_x)
 

@@ -39,7 +39,7 @@ def test_auto_precision(monkeypatch, dev, has_bf16, expected, scaler):
 
 
 @pytest.mark.unit
-@pytest.mark.skipif(not (device._is_x86() and Path("/proc/cpuinfo").exists()), reason="reads Linux's x86 CPU flags")
+@pytest.mark.skipif(not (device.is_x86() and Path("/proc/cpuinfo").exists()), reason="reads Linux's x86 CPU flags")
 def test_native_bf16_means_the_bf16_instructions_not_avx512_alone():
     # oneDNN's check says yes on any AVX-512 CPU and emulates bf16 there at a third of fp32's training speed, so
     # auto must not pick bf16 on such a CPU. The kernel's flags for this CPU are the independent answer.

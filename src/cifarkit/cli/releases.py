@@ -13,7 +13,7 @@ def cmd_release(args) -> None:
         raise CifarkitError("--alias names an alias of the registered model: give --register MODEL too")
     if args.check:
         from cifarkit.artifacts.releases import release_dir
-        from cifarkit.release.build import check
+        from cifarkit.release.check import check
         if args.run_dir or args.name:
             raise CifarkitError("--check RELEASE verifies an existing release; drop RUN_DIR and --name")
         folder = release_dir(args.check, accepts="a release folder")
@@ -58,7 +58,7 @@ def _register(folder: Path, args) -> None:
 
 
 def cmd_compare(args) -> None:
-    from cifarkit.release.build import compare
+    from cifarkit.release.compare import compare
     root = Path(args.root) if args.root else None
     # Beside the releases of ROOT; with none given (the shipped ones lie inside the package), in the current folder.
     figure = Path(args.figure) if args.figure else (root or Path()) / "comparison.png"

@@ -47,7 +47,7 @@ ONEDNN_ISA_CAPS = {
 def cpu_features() -> list[str]:
     """The X86_FEATURES this CPU has, less those above ONEDNN_MAX_CPU_ISA where it is set; [] elsewhere (an Arm CPU's
     bf16 shows in cpu_has_bf16 alone)."""
-    if not _is_x86():
+    if not is_x86():
         return []
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     allowed = next((features for prefix, features in ONEDNN_ISA_CAPS.items() if cap.startswith(prefix)), None)
@@ -63,7 +63,7 @@ def cpu_has_bf16(features: list[str] | None = None) -> bool:
     bf16 and trains at a fraction of fp32's speed (an Ice Lake Xeon, AVX-512 without BF16, ran bf16+cl at about a
     third of fp32+cl's img/s in `cifarkit bench --modes fp32+cl bf16+cl`).
     """
-    if features is not None or _is_x86():
+    if features is not None or is_x86():
         return bool({"avx512_bf16", "amx"} & set(cpu_features() if features is None else features))
     with contextlib.suppress(Exception):
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -74,7 +74,7 @@ def machine_name() -> str:
     return platform.machine().lower()
 
 
-def _is_x86() -> bool:
+def is_x86() -> bool:
     return machine_name() in ("x86_64", "amd64", "i686", "i386")
 
 

@@ -84,7 +84,7 @@ def _decode_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
-def _read_source(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def read_source(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Decode the six batches from an archive or a folder in the python layout."""
     wanted = set(TRAIN_BATCHES) | {TEST_BATCH}
     found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -165,7 +165,7 @@ def import_data(path: str | Path) -> Cifar10:
     path = Path(path).expanduser()
     if not path.exists():
         raise CifarkitError(f"{path}: no such file or folder; give the path of cifar-10-python.tar.gz or its folder")
-    batches = _read_source(path)
+    batches = read_source(path)
     _check_structure(batches, path)
     train_x = np.concatenate([batches[n][0] for n in TRAIN_BATCHES]).reshape(-1, 3, 32, 32)
     train_y = np.concatenate([batches[n][1] for n in TRAIN_BATCHES]).astype(np.uint8)

@@ -1,4 +1,4 @@
-"""`cifarkit release` and `cifarkit compare`: versioned, self-describing model folders, and a table across them.
+"""`cifarkit release`: versioned, self-describing model folders, measured on this machine.
 
 A release is `<root>/version_<name>/`:
     model.safetensors   weights (metadata: model name, mean, std)
@@ -36,8 +36,6 @@ from cifarkit.artifacts.releases import (
     NAME_PATTERN,
     ONNX_NAME,
     WEIGHTS_NAME,
-    known_releases,
-    read_metrics,
     replaced_path,
     restore_replaced,
 )
@@ -59,8 +57,8 @@ from cifarkit.inference import backends
 from cifarkit.inference.backends import BACKENDS
 from cifarkit.inference.classifier import Classifier
 from cifarkit.release import export
+from cifarkit.release.card import model_card
 from cifarkit.tools import benchmark
-from cifarkit.training import plots
 from cifarkit.training.config import flatten, load_recipe, recipe_from_dict, to_dict
 from cifarkit.training.engine import evaluate, per_class_accuracy
 
@@ -70,7 +68,6 @@ SECONDS_PER_SAMPLE = 0.5  # several batches of 256 per sample even on 2 cores, s
 # renameat2(2) from <linux/fs.h> and <fcntl.h>: swap two paths in one step
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
-UNRECORDED = ("__pycache__",)  # written by `from preprocess import preprocess` run inside the release folder
 SET_PER_SPEEDRUN_RUN = ("train.seed", "train.eval_every")  # differ between a speedrun's runs, by design
 
 
@@ -209,68 +206,6 @@ def write_manifest(folder: Path, metrics: dict) -> None:
     write_json(folder / METRICS_NAME, metrics)
 
 
-def check(folder: Path) -> list[tuple[str, str, str]]:
-    """Every file of a release against what its metrics.json records: (file, 'ok' | 'error' | 'warning', what is
-    wrong). Beyond the sha256s, the weights must load, name the model config.yaml and metrics.json name, and each
-    recorded export must have been made from these weights. Files the manifest does not list are warnings."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise CifarkitError(f"{folder} is not a release folder; give a version name or a release folder")
-    try:
-        metrics = read_metrics(folder)
-    except CifarkitError as e:
-        return [(METRICS_NAME, "error", str(e))]
-    if metrics is None:
-        return [(METRICS_NAME, "error", "missing: this folder is not a release (write one with `cifarkit release`)")]
-    expected = dict(metrics.get("files") or {})
-    expected[WEIGHTS_NAME] = metrics.get("weights_sha256")
-    exports = metrics.get("exports", {})
-    for report in exports.values():
-        expected[report["file"]] = report.get("sha256")
-    problems: dict[str, list[str]] = {name: [] for name in (METRICS_NAME, *expected)}
-    if not metrics.get("files"):
-        problems[METRICS_NAME].append("records no sha256 of the other files (`files`); write the release again "
-                                      "with `cifarkit release --force`")
-    for name, sha in expected.items():
-        path = folder / name
-        if not path.is_file():
-            problems[name].append("missing")
-        elif (actual := file_digest(path, "sha256")) != sha:
-            problems[name].append(f"changed: sha256 {actual}, recorded {sha}")
-    for fmt, report in exports.items():
-        if report.get("weights_sha256") != metrics.get("weights_sha256"):
-            problems[report["file"]].append(f"was not made from these weights; write it again with "
-                                            f"`cifarkit export {folder} --format {fmt}`")
-    if (folder / WEIGHTS_NAME).is_file():
-        _check_model_names(folder, metrics, problems)
-    findings = [(name, "error" if found else "ok", "; ".join(found)) for name, found in sorted(problems.items())]
-    for path in sorted(folder.iterdir()):
-        if path.name not in problems and path.name not in UNRECORDED:
-            findings.append((path.name, "warning", f"not recorded in {METRICS_NAME}"))
-    return findings
-
-
-def _check_model_names(folder: Path, metrics: dict, problems: dict[str, list[str]]) -> None:
-    try:
-        _, meta = weights.load_weights(folder / WEIGHTS_NAME)
-    except CifarkitError as e:
-        problems[WEIGHTS_NAME].append(str(e))
-        return
-    if metrics.get("model") != meta["model"]:
-        problems[METRICS_NAME].append(f"names model {metrics.get('model')!r}, the weights hold {meta['model']!r}")
-    config_path = folder / "config.yaml"
-    if not config_path.is_file():
-        problems.setdefault("config.yaml", ["missing"])  # already there when the manifest lists it
-        return
-    try:
-        named = yaml.safe_load(config_path.read_text())["model"]["name"]
-    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as e:
-        problems.setdefault("config.yaml", []).append(f"names no model ({type(e).__name__}: {e})")
-        return
-    if named != meta["model"]:
-        problems.setdefault("config.yaml", []).append(f"names model {named!r}, the weights hold {meta['model']!r}")
-
-
 def _standalone_preprocess(mean, std) -> str:
     source = inspect.getsource(preprocess)
     source = re.sub(r"^MEAN = .*$", f"MEAN = {tuple(mean)!r}", source, count=1, flags=re.M)
@@ -346,100 +281,3 @@ def throughput_rows(classifiers: dict, pixels: np.ndarray) -> list[dict]:
     rows = benchmark.inference_throughput(classifiers, pixels[:256], rounds=INFERENCE_ROUNDS,
                                           seconds_per_sample=SECONDS_PER_SAMPLE)
     return [{k: v for k, v in r.items() if k != "samples"} for r in rows]
-
-
-def model_card(metrics: dict, config: dict) -> str:
-    per_class = "\n".join(f"| {label} | {100 * acc:.1f}% |" for label, acc in metrics["test_acc_per_class"].items())
-    speed = "\n".join(f"| {r['backend']} | {r['batch_size']} | {r['images_per_s']:,.0f} | {r['ms_per_batch']:.2f} |"
-                      for r in metrics["inference"]["throughput"])
-    train = metrics["training"]
-    spread = ""
-    if metrics["speedrun"]:
-        s = metrics["speedrun"]
-        spread = (f"\nOver {s['n']} seeds of the same recipe ({s['evaluation']}): mean {100 * s['mean']:.2f}%"
-                  + (f", std {100 * s['std']:.2f}" if s["std"] is not None else "") + ".\n")
-    machine = metrics["inference"]["measured_on"]
-    return f"""# CIFAR-10 classifier, release {metrics['release']}
-
-Written by `cifarkit release` on {metrics['created']}; every number here comes from `metrics.json`.
-
-## Model
-- Architecture `{metrics['model']}`: {metrics['params']:,} parameters, {metrics['macs']:,} MACs per image.
-- Input: RGB 32 x 32, normalized with mean {config['data']['mean']} and std {config['data']['std']}
-  (`preprocess.py` does it for any image, with numpy and Pillow only).
-- Output: 10 logits for {', '.join(config['model']['classes'])}.
-- Weights stored as {metrics['weights_dtype']} ({metrics['weights_bytes'] / 1e6:.1f} MB),
-  sha256 `{metrics['weights_sha256']}`.
-
-## Training
-Recipe `{metrics['recipe']}`, seed {train['seed']}, {train['epochs']} epochs on {train['device']}
-({train['precision']}): wall time {train['wall_time_s'] / 60:.1f} min.
-Data: {_training_data(train, config['data'])} of the CIFAR-10 training set (content sha256
-`{metrics['dataset_sha256']}`). The test set was never used to choose anything.
-
-## Evaluation
-Test accuracy {100 * metrics['test_acc']:.2f}% on the {metrics['test_images']:,} CIFAR-10 test images
-({metrics['test_acc_evaluation']}); {100 * metrics['test_acc_tta']:.2f}% with mirror + 1-pixel-shift TTA.
-{spread}
-| class | accuracy |
-|---|---:|
-{per_class}
-
-## Inference speed
-On {machine['processor']} ({machine['threads']} threads), torch {metrics['torch']}; {metrics['inference']['what']}.
-Default backend on this machine: `{metrics['inference']['default_backend']}`
-({metrics['inference']['default_backend_reason']}).
-Every machine decides `auto` for itself: bf16 only where the CPU computes it natively, and only a backend whose test
-accuracy is within 0.1 points of fp32's and whose predictions agree with fp32's on at least 99.5% of the test images.
-
-| backend | batch | img/s | ms per batch |
-|---|---:|---:|---:|
-{speed}
-
-## Use
-```python
-from cifarkit import Classifier
-clf = Classifier.load("version_{metrics['release']}")   # or Classifier.pretrained() for the shipped default
-clf.predict("image.png")          # class index
-clf.topk("image.png", k=3)        # [(label, probability), ...]
-```
-
-## Limits
-Trained on 32 x 32 CIFAR-10 photos of ten classes: any other image is squeezed to 32 x 32 and forced into one of
-these classes. Accuracy on images unlike CIFAR-10 (drawings, close-ups, other classes) is not measured here.
-"""
-
-
-def _training_data(train: dict, data_config: dict) -> str:
-    """'48,000 images (a class-balanced subset; 2,000 more held out for validation)' and the like."""
-    how = ["a class-balanced subset"] if data_config["subset"] else []
-    if data_config["val_split"]:
-        how.append(f"{data_config['val_split']:,} more held out for validation")
-    return f"{train['train_images']:,} images" + (f" ({'; '.join(how)})" if how else "")
-
-
-def compare(root: Path | None, figure: Path | None = None) -> str:
-    """The side-by-side markdown table of every release under `root`, and a PNG chart (default: beside them). With no
-    root, of every release a version name reaches: ./cifar10_models and the shipped ones, as `--model NAME` finds
-    them."""
-    folders = sorted(Path(root).glob("version_*")) if root else list(known_releases().values())
-    releases = [json.loads((folder / METRICS_NAME).read_text()) for folder in folders
-                if (folder / METRICS_NAME).is_file()]
-    if not releases:
-        raise CifarkitError(f"no releases (version_*/metrics.json) under {root}; write one with `cifarkit release`")
-    lines = ["| version | recipe | model | params | test acc | test acc TTA | seeds (mean +- std) | training time | "
-             "img/s batch 1 | img/s batch 256 | weights |",
-             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
-    for m in releases:
-        s = m["speedrun"]
-        seeds = "n = 1"
-        if s and s["std"] is not None:
-            seeds = f"n = {s['n']}: {100 * s['mean']:.2f}% +- {100 * s['std']:.2f}"
-        inf = m["inference"]
-        lines.append(f"| {m['release']} | `{m['recipe']}` | `{m['model']}` | {m['params']:,} | "
-                     f"{100 * m['test_acc']:.2f}% | {100 * m['test_acc_tta']:.2f}% | {seeds} | "
-                     f"{m['training']['wall_time_s'] / 60:.1f} min ({m['training']['device']}) | "
-                     f"{inf['images_per_s_batch1']:,.0f} | {inf['images_per_s_batch256']:,.0f} | "
-                     f"{m['weights_bytes'] / 1e6:.1f} MB |")
-    plots.release_comparison(releases, figure or Path(root or "") / "comparison.png")
-    return "\n".join(lines)
