@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from cifarkit.core.constants import CLASSES  # noqa: F401  (data.CLASSES: the label names of the data set)
+from cifarkit.core.constants import CLASSES  # noqa: F401  (cifar10.CLASSES: the label names of the data set)
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import file_digest, home, write_bytes
 

@@ -2,29 +2,14 @@
 from __future__ import annotations
 
 import itertools
-import logging
-import re
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from cifarkit.core.constants import CLASSES  # noqa: F401  (data.CLASSES: the label names of the data set)
 from cifarkit.core.errors import CifarkitError
 from cifarkit.data.config import AugmentConfig, DataConfig
-
-log = logging.getLogger(__name__)
-
-OFFICIAL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-OFFICIAL_MD5 = "c58f30108f718f92721af3b95e74349a"
-ARCHIVE_NAME = "cifar-10-python.tar.gz"
-TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
-TEST_BATCH = "test_batch"
-BATCH_SIZE_IN_FILE = 10_000
-CACHE_NAME = "cifar10.safetensors"
-# Two letters at least, so that a Windows drive (C:/) is not taken for one; pathlib turns "//" into "/".
-URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
 
 
 def normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
