@@ -309,12 +309,8 @@ def main() -> None:
     cpu = torch.device("cpu")
     precision = device.pick_precision("auto", cpu).name
     newton_schulz = str(optim.newton_schulz_dtype(cpu)).removeprefix("torch.")
-    library = allocator.find() or allocator.find_mimalloc()
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.TRIED)}
-    reference_env = dict(env)
-    if library is not None:  # what cifarkit's own restart preloads, with its settings
-        reference_env.update({**(allocator.MIMALLOC_SETTINGS if "mimalloc" in library.name else {}),
-                              "LD_PRELOAD": str(library)})
+    reference_env = allocator.preload_environment(env) or env  # what cifarkit's own restart preloads
     sides = ["cifarkit", *args.references]
     orders = round_orders(sides, args.runs)
     runs: dict[str, list[dict]] = {side: [] for side in sides}
@@ -363,7 +359,8 @@ def main() -> None:
                                                                        if args.json else [])),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": backends.cpu_kind(),
         "recipe": args.recipe, "subset": args.subset, "precision_policy": precision,
-        "newton_schulz_dtype": newton_schulz, "preloaded_by_all": library.name if library else None,
+        "newton_schulz_dtype": newton_schulz,
+        "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
         "orders": orders, "timers": {"whole_process": "launch to exit, imports included",
                                      "training": "each side's own clock over its training steps"},
         "cifarkit": side_summary(ours, with_six_views=True), "references": references,

@@ -65,3 +65,17 @@ def test_the_preloaded_allocator_keeps_freed_memory_for_the_next_allocation():
     assert faults["glibc"] > 5 * pages, faults
     # tcmalloc hands some back at its own pace: at most 3 of the 10 allocations' pages
     assert all(count < 3 * pages for name, count in faults.items() if name != "glibc"), faults
+
+
+@pytest.mark.unit
+def test_the_preload_environment_is_the_one_a_training_command_restarts_with():
+    """What scripts that start other programs preload (scripts/compare_reference.py): the restart's own choice."""
+    assert allocator.preload_environment({allocator.ENV: "system"}) is None
+    library = allocator.find_mimalloc()
+    if library is None:
+        pytest.skip("the cmeel-mimalloc wheel is not installed")
+    chosen = allocator.preload_environment({allocator.ENV: "mimalloc", "LD_PRELOAD": "libother.so"})
+    assert chosen["LD_PRELOAD"] == f"{library} libother.so"
+    assert chosen["MIMALLOC_PURGE_DELAY"] == allocator.MIMALLOC_SETTINGS["MIMALLOC_PURGE_DELAY"]
+    users = allocator.preload_environment({allocator.ENV: "mimalloc", "MIMALLOC_PURGE_DELAY": "10"})
+    assert users["MIMALLOC_PURGE_DELAY"] == "10"  # a user's setting stays

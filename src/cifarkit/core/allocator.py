@@ -55,21 +55,31 @@ def in_use() -> str:
     return next((name for library, name in NAMES.items() if library in maps), "glibc")
 
 
-def restart_on_tcmalloc(argv: list[str]) -> None:
-    """Run `cifarkit ARGV` again in this process with tcmalloc preloaded if it is installed, else mimalloc from its
-    wheel, unless CIFARKIT_ALLOCATOR is "system" or one of them is loaded already; otherwise return, and the
-    command goes on as it is."""
-    setting = os.environ.get(ENV, "").lower()
-    if setting == "system" or os.environ.get(TRIED) or not sys.platform.startswith("linux"):
-        return
+def preload_environment(environ: dict[str, str]) -> dict[str, str] | None:
+    """`environ` with the allocator of training commands preloaded: tcmalloc where it is installed, else mimalloc
+    from its wheel; None where CIFARKIT_ALLOCATOR is "system", off Linux, or where neither is found. Also used by
+    scripts that start other programs (scripts/compare_reference.py), so that both sides run on the same one."""
+    setting = environ.get(ENV, "").lower()
+    if setting == "system" or not sys.platform.startswith("linux"):
+        return None
     library = (None if setting == "mimalloc" else find()) or find_mimalloc()
-    if library is None or in_use() != "glibc":
-        return
-    preload = " ".join(filter(None, [str(library), os.environ.get("LD_PRELOAD")]))
+    if library is None:
+        return None
+    preload = " ".join(filter(None, [str(library), environ.get("LD_PRELOAD")]))
     # mimalloc hands memory that stays free for 10 ms back to the system (its purge), and a step's activations are
     # free for longer than that between two uses: never purging keeps them, as tcmalloc does. A user's value stays.
-    settings = {**MIMALLOC_SETTINGS, **os.environ} if "mimalloc" in library.name else dict(os.environ)
+    settings = {**MIMALLOC_SETTINGS, **environ} if "mimalloc" in library.name else dict(environ)
+    return {**settings, "LD_PRELOAD": preload}
+
+
+def restart_on_tcmalloc(argv: list[str]) -> None:
+    """Run `cifarkit ARGV` again in this process with the allocator of `preload_environment`, unless one of them is
+    loaded already or this process is that second start; otherwise return, and the command goes on as it is."""
+    if os.environ.get(TRIED) or in_use() != "glibc":
+        return
+    environ = preload_environment(dict(os.environ))
+    if environ is None:
+        return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "cifarkit", *argv],
-              {**settings, "LD_PRELOAD": preload, TRIED: "1"})
+    os.execve(sys.executable, [sys.executable, "-m", "cifarkit", *argv], {**environ, TRIED: "1"})
