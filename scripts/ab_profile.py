@@ -24,6 +24,7 @@ import torch
 from cifarkit.core import device
 from cifarkit.core.files import write_json
 from cifarkit.inference import backends
+from cifarkit.tools.speedrun import t_interval_half_width
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,9 +73,9 @@ def main() -> None:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
     ratios = [b["step_s"] / a["step_s"] for b, a in zip(runs["before"], runs["after"])]
     mean = statistics.fmean(ratios)
-    half = 1.96 * statistics.stdev(ratios) / len(ratios) ** 0.5 if len(ratios) > 1 else None
+    half = t_interval_half_width(ratios)
     print(f"speed-up per step (before / after), per pair: {', '.join(f'{r:.2f}' for r in ratios)}; mean {mean:.2f}"
-          + (f" +- {half:.2f} (95% normal interval)" if half is not None else ""))
+          + (f" +- {half:.2f} (95% t-interval)" if half is not None else ""))
     kind = backends.cpu_kind()
     out = ROOT / "results" / f"profile-ab-{args.recipe}-{kind}.json"
     write_json(out, {

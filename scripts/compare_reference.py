@@ -166,12 +166,9 @@ def round_orders(sides: list[str], rounds: int) -> list[list[str]]:
 
 def ratio_statistics(ratios: list[float]) -> dict:
     """Mean of per-round ratios with its 95% t-interval (None for fewer than 2 rounds)."""
-    from scipy import stats
-    mean = statistics.fmean(ratios)
-    if len(ratios) < 2:
-        return {"per_round": ratios, "mean": mean, "ci95": None}
-    half = stats.t.ppf(0.975, len(ratios) - 1) * statistics.stdev(ratios) / len(ratios) ** 0.5
-    return {"per_round": ratios, "mean": mean, "ci95": [mean - half, mean + half]}
+    from cifarkit.tools.speedrun import t_interval_half_width
+    mean, half = statistics.fmean(ratios), t_interval_half_width(ratios)
+    return {"per_round": ratios, "mean": mean, "ci95": None if half is None else [mean - half, mean + half]}
 
 
 def check_muon_file(path: str | None) -> Path:

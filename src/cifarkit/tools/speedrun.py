@@ -23,6 +23,15 @@ TIMER_COVERS = ("wall_time_s: from the start of the run (loading the cached uint
                 "Python and torch import time is not included")
 
 
+def t_interval_half_width(values: list[float]) -> float | None:
+    """Half the width of the 95% Student-t interval of the mean of `values` (None for fewer than 2): a handful of
+    runs or pairs is too few for the normal 1.96."""
+    from scipy import stats
+    if len(values) < 2:
+        return None
+    return float(stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
+
+
 def statistics_against(accuracies: list[float], target: float) -> dict:
     """Mean, sample std, 95% t-interval and the one-sided t-test of H0: mean <= target against H1: mean > target."""
     from scipy import stats
@@ -32,7 +41,7 @@ def statistics_against(accuracies: list[float], target: float) -> dict:
         return {"n": n, "mean": mean, "std": None, "ci95": None, "p_value_mean_above_target": None}
     std = statistics.stdev(accuracies)
     sem = std / math.sqrt(n)
-    half = stats.t.ppf(0.975, n - 1) * sem
+    half = t_interval_half_width(accuracies)
     if sem > 0:
         p_value = float(stats.t.sf((mean - target) / sem, n - 1))
     else:  # every run scored the same: the test degenerates to a comparison
