@@ -252,6 +252,42 @@ def _not_measured(name: str, command: str) -> str:
     return f"Not measured yet: `{command}` writes `results/{name}`, and `scripts/render_readme.py` renders it here."
 
 
+def serving_goals_block() -> str:
+    """The serving goals at 64 connections on each CPU kind measured (results/serve-bench*.json), each beside what
+    the model alone allows in the same run: a closed loop of C connections answered at R req/s waits C / R on
+    average (Little's law), so the model's best img/s bounds the mean latency from below, and the most batching can
+    give is the model's own gain from batch 1 to its best batch."""
+    rows = []
+    for path in sorted(RESULTS.glob("serve-bench*.json")):
+        bench = json.loads(path.read_text())
+        goals, alone = bench["summary"]["goals"]["concurrency_64"], bench["model_alone"]
+        constants = bench["summary"]["goal_constants"]
+        features = bench["environment"].get("cpu_features")
+        best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
+        rows.append({"path": path, "kind": backends.cpu_kind(features) if features is not None else "not recorded",
+                     "defaults": "--backend" not in bench["command"] or "--backend auto" in bench["command"],
+                     "backend": bench["servers"]["batched"]["served"]["backend"], "goals": goals,
+                     "constants": constants, "best": best, "gain": best / alone["batch_1_images_per_s"]})
+    if not rows:
+        return _not_measured("serve-bench*.json", "python scripts/bench_serve.py")
+    best_by_kind = {}
+    for row in rows:
+        best_by_kind[row["kind"]] = max(best_by_kind.get(row["kind"], 0.0), row["goals"]["req_per_s"])
+    c = rows[0]["constants"]
+    lines = [f"| CPU kind | backend | req/s at {c['concurrency']} connections | p99 ms (goal <= {c['p99_ms']}) | "
+             f"batched / unbatched (goal >= {c['ratio']}x) | the model alone: best batch / batch 1 | the model alone: "
+             f"least mean latency at {c['concurrency']} connections | defaults / best backend here (goal >= 0.9x) | "
+             f"file |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in rows:
+        g = row["goals"]
+        versus = (f"{g['req_per_s'] / best_by_kind[row['kind']]:.2f}x" if row["defaults"] else "-")
+        lines.append(f"| {row['kind']} | {row['backend']}{' (defaults)' if row['defaults'] else ''} | "
+                     f"{g['req_per_s']:,.0f} | {g['p99_ms']:.0f} {'met' if g['p99_met'] else 'not met'} | "
+                     f"{g['ratio']:.2f}x {'met' if g['ratio_met'] else 'not met'} | {row['gain']:.2f}x | "
+                     f"{1000 * c['concurrency'] / row['best']:.0f} ms | {versus} | `results/{row['path'].name}` |")
+    return "\n".join(lines)
+
+
 def serve_block() -> str:
     """results/serve-bench.json, written by scripts/bench_serve.py: batched against unbatched per concurrency."""
     bench = _measured("serve-bench.json")
@@ -447,6 +483,7 @@ BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedr
           "predict": predict_block, "serve": serve_block,
           "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
           "containers": containers_block, "contracts": contracts_block, "layers": layers_block,
+          "serving-goals": serving_goals_block,
           "modules": modules_block}
 
 

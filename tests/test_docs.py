@@ -1,5 +1,6 @@
 """The README stays a newcomer's page and the docs hold the rest: the README's length, links that lead somewhere,
 and every generated block in exactly one page, the one scripts/render_readme.py rewrites."""
+import json
 import re
 
 import pytest
@@ -28,3 +29,16 @@ def test_every_block_is_in_exactly_one_page():
     texts = [page.read_text() for page in PAGES]
     counts = {name: sum(f"<!-- {name}:begin -->" in text for text in texts) for name in render.BLOCKS}
     assert counts == {name: 1 for name in render.BLOCKS}
+
+
+def test_serving_goals_name_what_the_model_alone_allows():
+    """One row per serving benchmark, with the least mean latency its model allows at 64 connections (Little's law)
+    and the model's own gain from batching, both from the same file."""
+    files = sorted((ROOT / "results").glob("serve-bench*.json"))
+    rows = [line for line in render.serving_goals_block().splitlines() if "`results/" in line]
+    assert len(rows) == len(files) > 0
+    for row, path in zip(rows, files):
+        alone = json.loads(path.read_text())["model_alone"]
+        best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
+        assert path.name in row and f"| {64_000 / best:.0f} ms |" in row
+        assert f"| {best / alone['batch_1_images_per_s']:.2f}x |" in row
