@@ -140,20 +140,23 @@ def speedrun_block() -> str:
     return "\n".join(lines)
 
 
+def cpu_kind_of(environment: dict) -> str:
+    """The CPU kind of a recorded environment; results from before the CPU's features were recorded say so."""
+    features = environment.get("cpu_features")
+    return backends.cpu_kind(features) if features is not None else "not recorded"
+
+
 def cpu_kind_block() -> str:
     """What a user can expect per CPU kind: each `fast` speed run and each serving benchmark, with its command."""
     lines = ["| CPU kind | processor | what | measured | command |", "|---|---|---|---|---|"]
-
-    def kind(environment: dict) -> str:
-        features = environment.get("cpu_features")
-        return backends.cpu_kind(features) if features is not None else "not recorded"
 
     for path in sorted(RESULTS.glob("speedrun-fast*.json")):
         report = json.loads(path.read_text())
         acc, wall = report["accuracy"], report["wall_time_s"]
         precision = report["runs"][0].get("run", {}).get("precision", "not recorded")
         overrides = "".join(f" --set {o}" for o in report["overrides"])
-        lines.append(f"| {kind(report['environment'])} | {report['environment']['processor']} | `fast` training, "
+        environment = report["environment"]
+        lines.append(f"| {cpu_kind_of(environment)} | {environment['processor']} | `fast` training, "
                      f"{precision} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
                      f"{wall['mean'] / 60:.1f} min mean wall time | `cifarkit speedrun --recipe fast --runs {acc['n']}"
                      f"{overrides}` (`results/{path.name}`) |")
@@ -186,7 +189,7 @@ def cpu_kind_block() -> str:
         ratio = next((r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == level["concurrency"]),
                      None)
         versus = f"{ratio:.2f}x" if ratio else "n/a"
-        lines.append(f"| {kind(bench['environment'])} | {bench['environment']['processor']} | serving release "
+        lines.append(f"| {cpu_kind_of(bench['environment'])} | {bench['environment']['processor']} | serving release "
                      f"{bench['model']} through {batched['served']['backend']}, {level['concurrency']} connections | "
                      f"{level['req_per_s']:,.0f} req/s, p99 {level['p99_ms']:.0f} ms, batched {versus} unbatched | "
                      f"`{bench['command']}` (`results/{path.name}`) |")
@@ -262,9 +265,8 @@ def serving_goals_block() -> str:
         bench = json.loads(path.read_text())
         goals, alone = bench["summary"]["goals"]["concurrency_64"], bench["model_alone"]
         constants = bench["summary"]["goal_constants"]
-        features = bench["environment"].get("cpu_features")
         best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
-        rows.append({"path": path, "kind": backends.cpu_kind(features) if features is not None else "not recorded",
+        rows.append({"path": path, "kind": cpu_kind_of(bench["environment"]),
                      "defaults": "--backend" not in bench["command"] or "--backend auto" in bench["command"],
                      "backend": bench["servers"]["batched"]["served"]["backend"], "goals": goals,
                      "constants": constants, "best": best, "gain": best / alone["batch_1_images_per_s"]})

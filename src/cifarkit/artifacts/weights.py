@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import safetensors.torch
 import torch
@@ -15,12 +14,7 @@ from cifarkit import models
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import write_bytes
 
-if TYPE_CHECKING:  # the inference side loads weights through this module and must not import the training loop
-    pass
-
 METADATA_KEY = "cifarkit"
-
-
 WEIGHT_DTYPES = ("fp32", "fp16", "int8")
 # Beside each int8 tensor, its per-output-channel scales under this suffix; load_weights multiplies them back.
 INT8_SCALE_SUFFIX = ".int8_scale"

@@ -10,8 +10,6 @@ DEFAULT_RECIPE = "fast"  # the most accurate recipe per minute on any device; se
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
 
-BENCH_MODES = ["fp32", "bf16+cl"]  # bench's default: a CPU's plain and fast training
-
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")
 
 

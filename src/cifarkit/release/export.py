@@ -17,14 +17,22 @@ import numpy as np
 import torch
 
 from cifarkit.artifacts import preprocess, weights
-from cifarkit.artifacts.releases import METRICS_NAME, SHIPPED, WEIGHTS_NAME, read_metrics, release_dir, weights_sha256
+from cifarkit.artifacts.releases import (
+    METRICS_NAME,
+    ONNX_NAME,
+    SHIPPED,
+    WEIGHTS_NAME,
+    read_metrics,
+    release_dir,
+    weights_sha256,
+)
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import atomic_path, file_digest, write_json
 from cifarkit.inference.runtime import DYNAMIC_BATCH, example_input, onnx_bytes, run_artifact
 
 log = logging.getLogger(__name__)
 
-FILES = {"onnx": "model.onnx", "exported": "model.pt2", "torchscript": "model.torchscript.pt"}
+FILES = {"onnx": ONNX_NAME, "exported": "model.pt2", "torchscript": "model.torchscript.pt"}
 PARITY_IMAGES = 512
 MAX_ABS_DIFF = 1e-3  # fp32 against fp32: only kernel-order rounding may differ
 MIN_TOP1_AGREEMENT = 0.999

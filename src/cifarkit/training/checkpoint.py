@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import write_bytes
-
-if TYPE_CHECKING:
-    from cifarkit.training.engine import TrainState
-
+from cifarkit.training.engine import TrainState
 
 
 def rng_states() -> dict:
