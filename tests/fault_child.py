@@ -1,8 +1,10 @@
-"""Run the `cifarkit` command and SIGKILL it at a chosen point: `python fault_child.py POINT [cifarkit args...]`.
+"""Run the `cifarkit` command in a child process and SIGKILL it at a chosen point: `killed_at(POINT, ARGS, LOG)`.
 
-The kill is a real SIGKILL of this process, delivered from inside at a precise moment, so a test can say exactly
-where a run, a release or an import died. Each point wraps one function of cifarkit (or os.replace, through which
-every atomic write lands) and kills the process when it is reached:
+The kill is a real SIGKILL of the child, delivered from inside at a precise moment, so a test can say exactly where
+a run, a release or an import died. The child is forked from the test's process, which has torch and cifarkit
+imported already: a fresh interpreter would spend seconds importing them again for every point of the matrix (the
+command's own start-up is tested where it matters, in test_cli_train and test_allocator). Each point wraps one
+function of cifarkit (or os.replace, through which every atomic write lands) and kills the child when it is reached:
 
     epoch-1, mid-epoch        in epoch 1 (before any checkpoint) or midway through epoch 2's batches
     checkpoint-write          the epoch-2 checkpoint is half written to its temporary file
@@ -17,6 +19,7 @@ every atomic write lands) and kills the process when it is reached:
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 
@@ -81,7 +84,24 @@ POINTS = {
     "cache-write": lambda: kill_on_nth_replace("cifar10.safetensors", 1),
 }
 
-if __name__ == "__main__":
-    POINTS[sys.argv[1]]()
-    from cifarkit.cli import main
-    sys.exit(main(sys.argv[2:]))
+
+def killed_at(point: str, args: list[str], log: Path) -> int:
+    """Run `cifarkit ARGS` in a forked child that dies at `point`; its exit code as subprocess gives it (-9 for a
+    SIGKILL). What the child prints goes to `log`."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the test, whatever happens
+        code = 70
+        out = open(log, "w", buffering=1)  # noqa: SIM115 - open until os._exit
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        sys.stdout = sys.stderr = out
+        try:
+            POINTS[point]()
+            from cifarkit.cli import main
+            code = main(args)
+        except BaseException:  # noqa: BLE001 - reported in the log; the exit code says the kill never came
+            traceback.print_exc()
+        finally:
+            out.flush()
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -7,9 +7,10 @@ that existed as it was. Run with `-s` to see the fault matrix.
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +21,31 @@ from cifarkit.cli import main
 from cifarkit.data import cifar10
 from cifarkit.release import build
 from conftest import sample_home
+from fault_child import killed_at
 
 pytestmark = pytest.mark.e2e
 
-CHILD = Path(__file__).with_name("fault_child.py")
 # Three short epochs with a validation split and TTA, so every stage of a run exists: checkpoints, selection on
-# validation, the final TTA measurement of the chosen weights, the weights and the summary.
+# validation, the final TTA measurement of the chosen weights, the weights and the summary. Everything a resume must
+# bring back takes part: warmup into the schedule, EMA and lookahead weights, and the augmentation's random streams
+# (cutout, alternating flips). TTA reads a fifth of the images with all views, which exercises the same code as all
+# of them in a fraction of the time.
 RUN_SETTINGS = ["train.epochs=3", "train.batch_size=100", "data.subset=600", "data.val_split=100", "train.tta=true",
-                "schedule.warmup_epochs=1"]
+                "train.tta_share=0.2", "schedule.warmup_epochs=1", "train.ema_decay=0.9", "train.lookahead_every=3",
+                "data.augment.cutout=8", "data.augment.alternate_flip=true"]
 TRAIN = ["train", "--recipe", "simplecnn"] + [arg for s in RUN_SETTINGS for arg in ("--set", s)]
 TIMING_KEYS = {"epoch_time_s", "images_per_s", "elapsed_s", "wall_time_s", "train_time_s"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The killed children are forked from this process, and OpenMP's threads do not survive a fork: this module
+    computes on one thread, as each of the suite's xdist workers does anyway (conftest.py), so that the unbroken run,
+    the killed ones and their resumes all run the same kernels."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +60,11 @@ def home(tmp_path_factory):
 
 
 def run_child(point: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CHILD), point, *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=300)
+    """`cifarkit ARGS`, killed at `point` (fault_child.py): its exit code, and what it printed as its stderr."""
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "child.log"
+        code = killed_at(point, args, log)
+        return subprocess.CompletedProcess(args, code, "", log.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +94,7 @@ def tree(folder: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("point", ["epoch-1", "mid-epoch", "checkpoint-write", "last-epoch-eval",
                                    "after-last-checkpoint", "final-eval", "weights-write", "summary-write"])
-def test_a_run_killed_anywhere_resumes_to_the_unbroken_result(point, home, unbroken, tmp_path):
+def test_a_run_killed_anywhere_resumes_to_the_unbroken_result(point, home, unbroken, tmp_path, capsys):
     run = tmp_path / "run"
     killed = run_child(point, TRAIN + ["--out", str(run)])
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -88,6 +107,10 @@ def test_a_run_killed_anywhere_resumes_to_the_unbroken_result(point, home, unbro
     assert main(["train", "--resume", str(run)]) == 0
     assert comparable(run) == comparable(unbroken)
     assert leftovers(run) == []  # a dead writer's half-written temporary is removed by the next write
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == 2  # and a finished run is not trained again
+    assert "has finished already (it has summary.json)" in capsys.readouterr().err
+    assert comparable(run) == comparable(unbroken)
     print(f"\nFAULT | SIGKILL {point} | left: {left}, temporaries {temps or 'none'} | `--resume`: complete, "
           f"model.safetensors byte-identical to the unbroken run's")
 
@@ -115,18 +138,24 @@ def test_a_damaged_config_is_one_line_and_stays_as_it_was(home, tmp_path, capsys
     assert tree(run) == before
 
 
-def test_a_killed_release_leaves_the_previous_version_working(home, unbroken, tmp_path):
+def previous_release(released: Path, root: Path) -> Path:
+    """The run behind the suite's shared release, whose copy `root` then holds as the release a new one replaces."""
+    shutil.copytree(released, root / released.name)
+    return released.parent.parent / "run"
+
+
+def test_a_killed_release_leaves_the_previous_version_working(home, released, tmp_path):
     from cifarkit import Classifier
     root = tmp_path / "models"
-    assert main(["release", str(unbroken), "--name", "T", "--out", str(root)]) == 0
+    run = previous_release(released, root)
     before = tree(root / "version_T")
-    killed = run_child("release-measure", ["release", str(unbroken), "--name", "T", "--out", str(root), "--force"])
+    killed = run_child("release-measure", ["release", str(run), "--name", "T", "--out", str(root), "--force"])
     assert killed.returncode == -signal.SIGKILL
     assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == ["version_T"]
     assert tree(root / "version_T") == before
     image = np.zeros((32, 32, 3), np.uint8)
     assert Classifier.load(root / "version_T").predict_proba(image).sum() == pytest.approx(1.0, abs=1e-5)
-    assert main(["release", str(unbroken), "--name", "T", "--out", str(root), "--force"]) == 0
+    assert main(["release", str(run), "--name", "T", "--out", str(root), "--force"]) == 0
     assert leftovers(root) == []
     print("\nFAULT | SIGKILL `cifarkit release --force` while measuring | left: the previous version_T intact, "
           "staging folder hidden | rerun: replaced, no leftovers")
@@ -196,13 +225,13 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_finishes_it(home, unbr
           "disk space ...`, exit 2, last.pt of epoch 1 untouched | `--resume` after freeing: byte-identical")
 
 
-def test_a_full_disk_during_a_release_keeps_the_previous_one(home, unbroken, mount, capsys):
+def test_a_full_disk_during_a_release_keeps_the_previous_one(home, released, mount, capsys):
     root = mount("size=16m")
-    assert main(["release", str(unbroken), "--name", "T", "--out", str(root)]) == 0
+    run = previous_release(released, root)
     before = tree(root / "version_T")
     fill(root, leave=16 * 1024)
     capsys.readouterr()
-    assert main(["release", str(unbroken), "--name", "T", "--out", str(root), "--force"]) == 2
+    assert main(["release", str(run), "--name", "T", "--out", str(root), "--force"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("cifarkit: error: No space left on device") and not any("Traceback" in e for e in err)
     assert tree(root / "version_T") == before and leftovers(root) == []
