@@ -1,6 +1,6 @@
-"""torchrun's script in the distributed fault tests: `cifarkit ARGS`, in which rank 1 sends itself SIGKILL (or the
-signal FAULT_SIGNAL names) at the third step of its second epoch, on the group's first attempt only (the attempt
-torchrun restarts runs unharmed).
+"""torchrun's script in the distributed fault test: `cifarkit ARGS`, in which rank 1 sends itself SIGABRT (as a C++
+std::terminate would) at the third step of its second epoch, on the group's first attempt only (the attempt torchrun
+restarts runs unharmed).
 
     python -m torch.distributed.run --nproc-per-node 2 --max-restarts 1 dist_fault_child.py train ... --out RUN
 """
@@ -20,7 +20,7 @@ def train_one_epoch(state, batches, *args, **kwargs):
     def killing(batches):
         for step, batch in enumerate(batches, 1):
             if step == 3 and epochs_started[0] == 2:
-                os.kill(os.getpid(), signal.Signals[os.environ.get("FAULT_SIGNAL", "SIGKILL")])
+                os.kill(os.getpid(), signal.SIGABRT)
             yield batch
     return real_train_one_epoch(state, killing(batches), *args, **kwargs)
 
