@@ -1,9 +1,10 @@
 """Run the `cifarkit` command in a child process and SIGKILL it at a chosen point: `killed_at(POINT, ARGS, LOG)`.
 
 The kill is a real SIGKILL of the child, delivered from inside at a precise moment, so a test can say exactly where
-a run, a release or an import died. The child is forked from the test's process, which has torch and cifarkit
-imported already: a fresh interpreter would spend seconds importing them again for every point of the matrix (the
-command's own start-up is tested where it matters, in test_cli_train and test_allocator). Each point wraps one
+a run, a release or an import died. The children come from multiprocessing's fork server, which imports torch and
+cifarkit once: a fresh interpreter would spend seconds importing them again for every point of the matrix (the
+command's own start-up is tested where it matters, in test_cli_train and test_allocator). They are not forked from
+the test's own process: once that has trained, autograd refuses to run in a fork of it. Each point wraps one
 function of cifarkit (or os.replace, through which every atomic write lands) and kills the child when it is reached:
 
     epoch-1, mid-epoch        in epoch 1 (before any checkpoint) or midway through epoch 2's batches
@@ -16,10 +17,10 @@ function of cifarkit (or os.replace, through which every atomic write lands) and
     release-measure           `cifarkit release` midway: the staged release is being measured
     cache-write               `cifarkit data import`: the new cache is half written
 """
+import multiprocessing
 import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 
@@ -85,23 +86,35 @@ POINTS = {
 }
 
 
-def killed_at(point: str, args: list[str], log: Path) -> int:
-    """Run `cifarkit ARGS` in a forked child that dies at `point`; its exit code as subprocess gives it (-9 for a
-    SIGKILL). What the child prints goes to `log`."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the test, whatever happens
-        code = 70
-        out = open(log, "w", buffering=1)  # noqa: SIM115 - open until os._exit
+# What every killed command needs, imported once by the fork server rather than by each child.
+PRELOAD = ["torch", "torch._dynamo", "cifarkit.cli.main", "cifarkit.training.train", "cifarkit.release.build"]
+
+
+def _run_and_die(point: str, args: list[str], env: dict[str, str], threads: int, log: str) -> None:
+    os.environ.clear()
+    os.environ.update(env)  # the test's environment now, not the fork server's when it started
+    with open(log, "w", buffering=1) as out:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
         sys.stdout = sys.stderr = out
-        try:
-            POINTS[point]()
-            from cifarkit.cli import main
-            code = main(args)
-        except BaseException:  # noqa: BLE001 - reported in the log; the exit code says the kill never came
-            traceback.print_exc()
-        finally:
-            out.flush()
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        import torch
+        torch.set_num_threads(threads)  # the test's kernels, for byte-identical resumes
+        POINTS[point]()
+        from cifarkit.cli import main
+        sys.exit(main(args))
+
+
+def killed_at(point: str, args: list[str], log: Path) -> int:
+    """Run `cifarkit ARGS` in a child that dies at `point`; its exit code as subprocess gives it (-9 for a SIGKILL,
+    1 for an exception, whose traceback is in `log` with everything else the child printed)."""
+    import torch
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    child = context.Process(target=_run_and_die, args=(point, args, dict(os.environ), torch.get_num_threads(),
+                                                        str(log)))
+    child.start()
+    child.join(300)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+    return child.exitcode

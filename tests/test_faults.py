@@ -37,17 +37,6 @@ TRAIN = ["train", "--recipe", "simplecnn"] + [arg for s in RUN_SETTINGS for arg 
 TIMING_KEYS = {"epoch_time_s", "images_per_s", "elapsed_s", "wall_time_s", "train_time_s"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The killed children are forked from this process, and OpenMP's threads do not survive a fork: this module
-    computes on one thread, as each of the suite's xdist workers does anyway (conftest.py), so that the unbroken run,
-    the killed ones and their resumes all run the same kernels."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """A CIFARKIT_HOME holding the committed real-data sample, for in-process calls and child processes alike."""
