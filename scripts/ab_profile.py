@@ -1,5 +1,5 @@
 """A training step of a recipe, before and after a change: `cifarkit profile` of a commit against the working tree,
-in ABBA order, with the per-pair ratios. Writes results/profile-ab-RECIPE-KIND.json.
+in ABBA order, with the per-pair ratios. Writes results/profile-ab-RECIPE-KIND.json, or --json PATH.
 
     python scripts/ab_profile.py --before 4452932                # fast, 3 pairs of 3 steps each
     python scripts/ab_profile.py --before HEAD~3 --recipe deep96 --pairs 2
@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--recipe", default="fast")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per profile")
+    parser.add_argument("--json", type=Path, help="where to write the result (default: "
+                        "results/profile-ab-RECIPE-KIND.json); relative to the project")
     args = parser.parse_args()
     commit, head = (subprocess.run(["git", "rev-parse", "--short", name], cwd=ROOT, check=True, capture_output=True,
                                    text=True).stdout.strip() for name in (args.before, "HEAD"))
@@ -77,10 +79,11 @@ def main() -> None:
     print(f"speed-up per step (before / after), per pair: {', '.join(f'{r:.2f}' for r in ratios)}; mean {mean:.2f}"
           + (f" +- {half:.2f} (95% t-interval)" if half is not None else ""))
     kind = backends.cpu_kind()
-    out = ROOT / "results" / f"profile-ab-{args.recipe}-{kind}.json"
+    out = ROOT / (args.json or Path("results") / f"profile-ab-{args.recipe}-{kind}.json")
     write_json(out, {
-        "command": f"python scripts/ab_profile.py --before {commit}" + (f" --recipe {args.recipe}"
-                                                                         if args.recipe != "fast" else ""),
+        "command": f"python scripts/ab_profile.py --before {commit}"
+                   + (f" --recipe {args.recipe}" if args.recipe != "fast" else "")
+                   + (f" --json {args.json}" if args.json else ""),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
         "environment": device.report(torch.device("cpu")), "before": commit, "after": after,
         "order": order, "steps_per_profile": args.steps, "runs": runs, "speedup_per_pair": ratios,

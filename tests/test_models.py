@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from cifarkit import models
 from cifarkit.cli import main
 from cifarkit.core.errors import CifarkitError
-from cifarkit.models import layers
+from cifarkit.models import layers, winograd
 
 
 def fastnet_params(w1, w2, w3, depth=2):
@@ -164,10 +164,72 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_pl
     torch.testing.assert_close(input_grad, ref_input_grad)
     # Both gradients are sums of bf16 products, rounded to bf16: equal to within a few of its ulps.
     torch.testing.assert_close(weight_grad, ref_weight_grad, rtol=2e-2, atol=2e-2 * ref_weight_grad.abs().max().item())
-    # fp32 training, evaluation, tracing and export see the plain convolution.
-    assert conv.path(x.requires_grad_()) == "plain"
+    # fp32 training takes Winograd on the pooled layers it crops, and nothing else; evaluation, tracing and export see
+    # the plain convolution.
+    assert conv.path(x.requires_grad_()) == ("winograd" if odd_pooled else "plain")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert conv.eval().path(x) == "plain"
+    assert conv.eval().path(x) == "plain"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+@pytest.mark.parametrize("width", [3, 7, 15, 16])
+@pytest.mark.parametrize("tile_rows", [1536, 5])
+def test_winograd_convolution_equals_conv2d_on_its_outputs(memory_format, width, tile_rows, monkeypatch):
+    # Five tile rows: a slice of one image each, so the slices' sums and the overlapping tiles' gradients are tested.
+    monkeypatch.setattr(winograd, "TILE_ROWS", tile_rows)
+    torch.manual_seed(0)
+    kept = width - width % 2
+    x = torch.randn(3, 5, width, width, dtype=torch.float64).contiguous(memory_format=memory_format)
+    weight = torch.randn(7, 5, 3, 3, dtype=torch.float64)
+    grad_output = torch.randn(3, 7, kept, kept, dtype=torch.float64)
+    results = []
+    for compute in (lambda x, w: winograd.WinogradConv3x3.apply(x, w, kept, kept),
+                    lambda x, w: F.conv2d(x, w, padding=1)[..., :kept, :kept]):
+        inputs, filters = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = compute(inputs, filters)
+        out.backward(grad_output)
+        results.append((out, inputs.grad, filters.grad))
+    for ours, reference in zip(*results, strict=True):
+        assert ours.shape == reference.shape
+        torch.testing.assert_close(ours, reference, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.unit
+def test_winograd_skips_the_input_gradient_nobody_asked_for():
+    x = torch.randn(2, 4, 7, 7)
+    weight = torch.randn(6, 4, 3, 3, requires_grad=True)
+    winograd.WinogradConv3x3.apply(x, weight, 6, 6).sum().backward()
+    expected = torch.autograd.grad(F.conv2d(x, weight, padding=1)[..., :6, :6].sum(), weight)[0]
+    assert x.grad is None
+    torch.testing.assert_close(weight.grad, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.unit
+def test_fastnet_trains_in_fp32_as_without_winograd():
+    # In fp32 training fastnet's pooled 15x15 and 7x7 layers compute their 14x14 and 6x6 outputs by Winograd; the
+    # 31x31 one stays on oneDNN. The loss and every gradient are those of the plain network.
+    torch.manual_seed(0)
+    model = models.create("fastnet").train()
+    pooled = [m for m in model.modules() if isinstance(m, layers.Conv3x3) and m.pooled]
+    x = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    paths, results = [], []
+    hooks = [conv.register_forward_pre_hook(lambda module, args: paths.append(module.path(args[0]))) for conv in pooled]
+    for plain in (False, True):
+        for conv in pooled:
+            conv.pooled = not plain
+        model.zero_grad()
+        loss = model(x).square().sum()
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    for hook in hooks:
+        hook.remove()
+    assert paths == ["plain", "winograd", "winograd", "plain", "plain", "plain"]
+    (loss, grads), (plain_loss, plain_grads) = results
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
+    for grad, plain in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(grad, plain, rtol=1e-4, atol=1e-4 * plain.abs().max().item())
 
 
 @pytest.mark.unit

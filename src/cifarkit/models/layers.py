@@ -8,6 +8,10 @@ same sum computed as matmuls over the input's 9 shifted copies (im2col in channe
 rows, and in fp32, oneDNN's own kernel is the faster one. Where the line falls depends on the CPU's bf16 engine (AMX,
 or AVX512-BF16 alone), so `KERNEL_PLANS` holds a plan per engine. The per-layer timings behind each plan, with the
 CPU kinds they were taken on, are in docs/recipes-and-speed.md ("Kernel plans").
+
+In fp32 training on the CPU (where bf16 is not native) the pooled layers of odd width that the pool crops to an even
+one take Winograd's F(2x2, 3x3) instead (`models/winograd.py`): fewer multiplications where oneDNN's direct kernels
+already run near the fp32 matmul peak.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cifarkit.core.device import cpu_features
+from cifarkit.models.winograd import WinogradConv3x3
 
 # Rows of the shifted-copy matrix per matmul: few enough that each matmul reads its copies while they are still in
 # cache (41 images at 7x7, 9 MB of copies for 256 channels, against 452 MB for the whole batch), enough that the
@@ -99,6 +104,10 @@ class KernelPlan:
 # pooled 15x15 layer only. Each choice was the faster in interleaved timings on that kind (docs/recipes-and-speed.md).
 KERNEL_PLANS = {"amx": KernelPlan(8, 8, 0), "no_amx": KernelPlan(4, 8, 16)}
 
+# fp32 training: pooled layers of odd width up to this take Winograd on their cropped, even outputs. At 31 pixels
+# (24 input channels) oneDNN's direct kernel was the faster (docs/recipes-and-speed.md, "Kernel plans").
+WINOGRAD_MAX_WIDTH = 16
+
 
 @functools.cache
 def cpu_plan() -> KernelPlan:
@@ -116,16 +125,19 @@ class Conv3x3(nn.Conv2d):
 
     def path(self, x: torch.Tensor) -> str:
         """How a call on `x` computes, here and now: "plain" (nn.Conv2d), "matmul" (the weight gradient by
-        `weight_gradient_by_matmul`), "matmul-cropped" (the same on the pooled layer's kept rows and columns) or
-        "onednn-cropped" (oneDNN on a pad that crops them). Only bf16 training on the CPU leaves the plain path."""
+        `weight_gradient_by_matmul`), "matmul-cropped" (the same on the pooled layer's kept rows and columns),
+        "onednn-cropped" (oneDNN on a pad that crops them) or, in fp32, "winograd" (`WinogradConv3x3` on the kept
+        rows and columns). Only training on the CPU leaves the plain path."""
         h, w = x.shape[-2:]
         if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"):
             return "plain"
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-        if dtype != torch.bfloat16:  # in fp32 oneDNN's weight gradient took about the forward's time: not slow
+        crop = self.pooled and w % 2 == 1 and h % 2 == 1
+        if dtype == torch.float32 and x.dtype == torch.float32:
+            return "winograd" if crop and w <= WINOGRAD_MAX_WIDTH else "plain"
+        if dtype != torch.bfloat16:
             return "plain"
         plan = cpu_plan()
-        crop = self.pooled and w % 2 == 1 and h % 2 == 1
         if w <= (plan.cropped_matmul_max_width if crop else plan.matmul_max_width):
             return "matmul-cropped" if crop else "matmul"
         if crop and w <= plan.onednn_crop_max_width:
@@ -136,6 +148,9 @@ class Conv3x3(nn.Conv2d):
         path = self.path(x)
         if path == "plain":
             return super().forward(x)
+        if path == "winograd":
+            h, w = x.shape[-2:]
+            return WinogradConv3x3.apply(x, self.weight, h - 1, w - 1)
         # The input cast autocast would make inside conv2d, made here.
         with torch.autocast("cpu", enabled=False):
             low = x.to(torch.bfloat16)

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from cifarkit.core.device import describe, pick_device, report
 from cifarkit.models.layers import Conv3x3MatmulWeightGrad
+from cifarkit.models.winograd import WinogradConv3x3
 from cifarkit.training import distributed, train
 from cifarkit.training.config import Recipe
 from cifarkit.training.engine import evaluate, train_one_epoch
@@ -41,9 +42,10 @@ KINDS = (
     ("dtype casts and copies", r"::to$|_to_copy|::copy_|contiguous|clone"),
     ("loss", r"cross_entropy|log_softmax|nll_loss|kl_div"),
 )
-# Conv3x3's own autograd function computes the weight gradient as matmuls over shifted copies of its padded input:
-# its operators (pad, cat, mm) are the convolution's, whatever aten calls them. Its backward node adds "Backward".
-CONVOLUTION_FUNCTION = Conv3x3MatmulWeightGrad.__name__
+# Conv3x3's own autograd functions compute the weight gradient as matmuls over shifted copies of its padded input,
+# or the whole convolution by Winograd's transforms and matmuls: their operators (pad, cat, add, bmm) are the
+# convolution's, whatever aten calls them. Their backward nodes add "Backward".
+CONVOLUTION_FUNCTIONS = (Conv3x3MatmulWeightGrad.__name__, WinogradConv3x3.__name__)
 WARMUP_STEPS = 2  # the first steps choose oneDNN kernels and fill the allocator's caches
 
 
@@ -205,7 +207,7 @@ def part_of(event) -> str | None:
 
 def _kind(event, phase: str) -> str:
     """The operator kind of a forward or backward operator, by its name or by the convolution function it runs in."""
-    if any(name.startswith(CONVOLUTION_FUNCTION) for name in _ancestors(event)):
+    if any(name.startswith(CONVOLUTION_FUNCTIONS) for name in _ancestors(event)):
         return "convolution" if phase == "forward" else "convolution backward"
     return next((name for name, pattern in KINDS if re.search(pattern, event.name)), f"other {phase}")
 
