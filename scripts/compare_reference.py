@@ -34,6 +34,12 @@ clock over its steps (cifarkit's `train_time_s`; a reference's CUDA-event timer,
 init, less its final TTA). Rounds alternate the order of the sides (A B, B A, A B, ...: ABBA for two sides), so a slow
 spell of this shared machine falls on all of them; the speed-up is the mean of the per-round ratios, with its 95%
 t-interval. Precision, allocator and threads are read from each timed process.
+
+A comparison can take longer than one sitting (a round is two full trainings: 1.5 hours on a 2-core AVX2 CPU). With
+`--json`, the file is written after every round, and a later command with the same settings (the same committed
+src/, reference file, CPU kind, threads, precision and allocator) keeps its rounds and runs only the missing ones:
+`--runs 1` today and `--runs 3` tomorrow make the same ABBA comparison. Each round runs whole within one command, so
+its ratio compares two runs made one after the other.
 """
 from __future__ import annotations
 
@@ -281,6 +287,68 @@ def print_table(result: dict) -> None:
               f"{side['wall_time_s']:.1f} s | {side['train_time_s']:.1f} s | {cells[0]} | {cells[1]} |")
 
 
+def code_version() -> dict:
+    """The cifarkit code a run times: the commit, the git tree of src/ (recipes included), and whether src/ differs
+    from it (then no later command may add rounds: the code could not be shown to be the same)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    return {"commit": git("rev-parse", "--short", "HEAD"), "src_tree": git("rev-parse", "HEAD:src"),
+            "src_modified": bool(git("status", "--porcelain", "src"))}
+
+
+def kept_rounds(json_path: str | None, settings: dict) -> list[dict]:
+    """The finished rounds of an earlier command that wrote `json_path` with the same settings: a comparison too
+    long for one sitting is finished by several commands, each round timed whole within one of them."""
+    if not json_path or not Path(json_path).is_file():
+        return []
+    previous = json.loads(Path(json_path).read_text())
+    earlier = previous.get("settings")
+    if earlier is None:
+        sys.exit(f"--json {json_path} was written by an earlier version of this script, which did not record what "
+                 f"its rounds ran; give another --json, or delete the file to start again")
+    if earlier["code"]["src_modified"] or settings["code"]["src_modified"]:
+        sys.exit(f"--json {json_path}: src/ has uncommitted changes (then or now), so its rounds cannot be shown to "
+                 f"time the same code; commit them, then give another --json or delete the file")
+    differing = sorted(key for key in settings.keys() | earlier.keys()
+                       if key != "code" and settings.get(key) != earlier.get(key))
+    if earlier["code"]["src_tree"] != settings["code"]["src_tree"]:
+        differing.insert(0, f"src/ (commit {earlier['code']['commit']} then, {settings['code']['commit']} now)")
+    if differing:
+        sys.exit(f"--json {json_path} holds rounds of another comparison (it differs in {', '.join(differing)}); "
+                 f"give another --json, or delete the file to start again")
+    return previous["rounds"]
+
+
+def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed: int, run_side, save) -> None:
+    """Run the rounds that `rounds` lacks of `runs`, in their ABBA order and with their seeds, each side by
+    `run_side(side, seed)`; `save()` after every round, so that a command stopped later keeps what finished."""
+    for number, order in enumerate(round_orders(sides, runs)[len(rounds):], start=len(rounds)):
+        seed, rows = first_seed + number, {}
+        for side in order:
+            row = rows[side] = run_side(side, seed)
+            print(f"round {number + 1}, {side} seed {seed}: {100 * row['test_acc']:.2f}%, {row['wall_time_s']:.1f} "
+                  f"s whole, {row['train_time_s']:.1f} s training", file=sys.stderr)
+        rounds.append({"seed": seed, "order": order, "runs": rows,
+                       "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        save()
+
+
+def summarize(rounds: list[dict], references: list[str], muon_file: Path | None) -> dict:
+    """Each side's accuracy and times over the rounds, and each reference's per-round speed-up ratios."""
+    ours = [r["runs"]["cifarkit"] for r in rounds]
+    summary = {"orders": [r["order"] for r in rounds], "cifarkit": side_summary(ours, with_six_views=True),
+               "references": {}}
+    for name in references:
+        theirs = [r["runs"][name] for r in rounds]
+        side = side_summary(theirs, with_six_views=False)
+        side["speedup"] = {timer: ratio_statistics([t[key] / m[key] for t, m in zip(theirs, ours)])
+                           for timer, key in (("whole_process", "wall_time_s"), ("training", "train_time_s"))}
+        side["source"] = (f"{muon_file.name}, sha256 {hashlib.sha256(muon_file.read_bytes()).hexdigest()}"
+                          if name == MUON else AIRBENCH94_PACKAGE)
+        summary["references"][name] = side
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--muon", help="path of a local copy of airbench94_muon.py (see above for how to get it)")
@@ -291,7 +359,8 @@ def main() -> None:
     parser.add_argument("--recipe", default="fast", help="cifarkit's side (default: fast)")
     parser.add_argument("--subset", type=int, help="train every side on this many images: a check that everything "
                                                    "runs, not a comparison")
-    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--json", help="write the results to this file after each round; rounds it already holds "
+                                       "with the same settings are kept, and only the others run")
     args = parser.parse_args()
     muon_file = check_muon_file(args.muon) if MUON in args.references else None
     if args.runs < 1:
@@ -308,9 +377,34 @@ def main() -> None:
     newton_schulz = str(optim.newton_schulz_dtype(cpu)).removeprefix("torch.")
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.TRIED)}
     reference_env = allocator.preload_environment(env) or env  # what cifarkit's own restart preloads
+    environment = device.report(cpu)
+    settings = {"recipe": args.recipe, "references": args.references, "first_seed": args.first_seed,
+                "subset": args.subset, "cpu_kind": backends.cpu_kind(), "processor": environment["processor"],
+                "threads": torch.get_num_threads(), "precision_policy": precision,
+                "newton_schulz_dtype": newton_schulz,
+                "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
+                "muon_sha256": hashlib.sha256(muon_file.read_bytes()).hexdigest() if muon_file else None,
+                "code": code_version()}
+    rounds = kept_rounds(args.json, settings)
+    if rounds:
+        print(f"keeping {len(rounds)} round(s) from {args.json} (the last finished {rounds[-1]['finished']})",
+              file=sys.stderr)
     sides = ["cifarkit", *args.references]
-    orders = round_orders(sides, args.runs)
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    command = "python scripts/compare_reference.py " + " ".join(
+        ([f"--muon {muon_file.name}"] if muon_file else []) + [f"--references {' '.join(args.references)}",
+         f"--runs {args.runs}", f"--first-seed {args.first_seed}", f"--recipe {args.recipe}"]
+        + ([f"--subset {args.subset}"] if args.subset else []) + ([f"--json {portable(args.json)}"]
+                                                                   if args.json else []))
+
+    def result() -> dict:
+        return {"command": command, "measured": rounds[-1]["finished"], "cpu_kind": settings["cpu_kind"],
+                "recipe": args.recipe, "subset": args.subset, "precision_policy": precision,
+                "newton_schulz_dtype": newton_schulz, "preloaded_by_all": settings["preloaded_by_all"],
+                "timers": {"whole_process": "launch to exit, imports included",
+                           "training": "each side's own clock over its training steps"},
+                **summarize(rounds, args.references, muon_file), "environment": environment, "settings": settings,
+                "rounds": rounds}
+
     with tempfile.TemporaryDirectory(prefix="cifarkit-reference-") as scratch:
         scratch = Path(scratch)
         write_reference_data(scratch / "data" / "cifar10", args.subset)
@@ -325,52 +419,27 @@ def main() -> None:
             drivers[AIRBENCH94] = (scratch / "airbench94_driver.py", AIRBENCH94_DRIVER, [])
         for path, body, _ in drivers.values():
             path.write_text(prelude + body)
-        for number, order in enumerate(orders):
-            seed = args.first_seed + number
-            for side in order:
-                if side == "cifarkit":
-                    row = cifarkit_run(args.recipe, seed, args.subset, scratch / f"cifarkit-{seed}", env)
-                else:
-                    path, _, extra = drivers[side]
-                    seconds, out = timed([str(pythons[side]), str(path), str(seed), str(scratch / "data"), precision,
-                                          newton_schulz, *extra], reference_env)
-                    row = {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
-                runs[side].append(row)
-                print(f"round {number + 1}/{len(orders)}, {side} seed {seed}: {100 * row['test_acc']:.2f}%, "
-                      f"{row['wall_time_s']:.1f} s whole, {row['train_time_s']:.1f} s training", file=sys.stderr)
 
-    ours = runs["cifarkit"]
-    references = {}
-    for name in args.references:
-        side = side_summary(runs[name], with_six_views=False)
-        side["speedup"] = {timer: ratio_statistics([theirs[key] / mine[key] for theirs, mine in zip(runs[name], ours)])
-                           for timer, key in (("whole_process", "wall_time_s"), ("training", "train_time_s"))}
-        side["source"] = (f"{muon_file.name}, sha256 {hashlib.sha256(muon_file.read_bytes()).hexdigest()}"
-                          if name == MUON else AIRBENCH94_PACKAGE)
-        references[name] = side
-    result = {
-        "command": "python scripts/compare_reference.py " + " ".join(
-            ([f"--muon {muon_file.name}"] if muon_file else []) + [f"--references {' '.join(args.references)}",
-             f"--runs {args.runs}", f"--first-seed {args.first_seed}", f"--recipe {args.recipe}"]
-            + ([f"--subset {args.subset}"] if args.subset else []) + ([f"--json {portable(args.json)}"]
-                                                                       if args.json else [])),
-        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": backends.cpu_kind(),
-        "recipe": args.recipe, "subset": args.subset, "precision_policy": precision,
-        "newton_schulz_dtype": newton_schulz,
-        "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
-        "orders": orders, "timers": {"whole_process": "launch to exit, imports included",
-                                     "training": "each side's own clock over its training steps"},
-        "cifarkit": side_summary(ours, with_six_views=True), "references": references,
-        "environment": device.report(cpu)}
-    print_table(result)
-    if MUON in references and not args.subset:
-        muon, mine = references[MUON], result["cifarkit"]
+        def run_side(side: str, seed: int) -> dict:
+            if side == "cifarkit":
+                return cifarkit_run(args.recipe, seed, args.subset, scratch / f"cifarkit-{seed}", env)
+            path, _, extra = drivers[side]
+            seconds, out = timed([str(pythons[side]), str(path), str(seed), str(scratch / "data"), precision,
+                                  newton_schulz, *extra], reference_env)
+            return {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
+
+        complete_rounds(rounds, sides, args.runs, args.first_seed, run_side,
+                        save=lambda: write_json(args.json, result()) if args.json else None)
+
+    final = result()
+    print_table(final)
+    if MUON in args.references and not args.subset:
+        muon, mine = final["references"][MUON], final["cifarkit"]
         met = muon["speedup"]["whole_process"]["mean"] >= GOAL and \
             mine["accuracy"]["mean"] >= muon["accuracy"]["mean"]
         print(f"goal ({args.recipe} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
               f"{'met' if met else 'not met'}")
     if args.json:
-        write_json(args.json, result)
         print(f"wrote {args.json}")
 
 

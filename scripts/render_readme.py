@@ -420,6 +420,10 @@ def _reference_comparison(result: dict) -> str:
     observed = "; ".join(f"{name}: " + ", ".join(sorted({_observed(run) for run in side["runs"]}))
                          for name, side in [("cifarkit", ours), *result["references"].items()])
     lines += ["", f"Read from each timed process: {observed}."]
+    if "settings" in result:  # the script's rounds form, which a later command may extend
+        finished = ", ".join(r["finished"].replace("T", " ").removesuffix("+00:00") for r in result["rounds"])
+        lines.append(f"cifarkit's src/ at commit {result['settings']['code']['commit']}; the rounds finished at "
+                     f"{finished} UTC.")
     return "\n".join(lines)
 
 
@@ -480,12 +484,41 @@ def containers_block() -> str:
     return "\n".join(lines)
 
 
+def winograd_block() -> str:
+    """Each 3x3 layer's forward + backward time in fp32, oneDNN against Winograd, per CPU kind measured
+    (scripts/measure_winograd.py), and the path fp32 training takes there."""
+    parts = []
+    for path in sorted(RESULTS.glob("winograd-layers-*.json")):
+        result = json.loads(path.read_text())
+        sizes = sorted({int(name.removeprefix("winograd_")) for name in result["layers"][0]["median_s"]
+                        if name.startswith("winograd_")})
+        chosen = f"winograd_{result['tile_rows_chosen']}"
+        parts.append(f"{result['cpu_kind']}, {result['environment']['processor']}, `{result['model']}`, batch "
+                     f"{result['batch_size']:,}, {result['threads']} threads, medians of {result['rounds']} "
+                     f"interleaved rounds (`{result['command']}`, `results/{path.name}`):\n")
+        parts.append("| layer | input gradient | fp32 training takes | oneDNN, ms | "
+                     + " | ".join(f"Winograd, {rows:,} tiles a slice, ms" for rows in sizes)
+                     + f" | oneDNN / Winograd ({result['tile_rows_chosen']:,}) |")
+        parts.append("|---|---|---|---:|" + "---:|" * len(sizes) + "---:|")
+        for layer in result["layers"]:
+            medians = layer["median_s"]
+            shape = (f"{layer['c_in']} -> {layer['c_out']} at {layer['width']}x{layer['width']}"
+                     + (f", pooled ({layer['winograd_outputs']}x{layer['winograd_outputs']} kept)" if layer["pooled"]
+                        else f" ({layer['winograd_outputs']}x{layer['winograd_outputs']} by Winograd)"))
+            parts.append(f"| {shape} | {'yes' if layer['input_gradient'] else 'no'} | {layer['fp32_training_path']} | "
+                         f"{1e3 * medians['onednn']:,.0f} | "
+                         + " | ".join(f"{1e3 * medians[f'winograd_{rows}']:,.0f}" for rows in sizes)
+                         + f" | {medians['onednn'] / medians[chosen]:.2f}x |")
+        parts.append("")
+    return "\n".join(parts).rstrip() or "No measurement yet: `python scripts/measure_winograd.py`."
+
+
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
           "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block,
           "predict": predict_block, "serve": serve_block,
           "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
           "containers": containers_block, "contracts": contracts_block, "layers": layers_block,
-          "serving-goals": serving_goals_block,
+          "serving-goals": serving_goals_block, "winograd": winograd_block,
           "modules": modules_block}
 
 

@@ -55,3 +55,74 @@ def test_readme_block_renders_a_real_result(tmp_path, monkeypatch):
     assert f"{100 * muon['accuracy']['mean']:.2f}%" in row
     assert f"{100 * result['cifarkit']['accuracy_6_views']['mean']:.2f}%" in block
     assert "airbench94_muon: float32, Newton-Schulz float32, tcmalloc, 2 threads" in block
+
+
+SETTINGS = {"recipe": "fast", "references": ["airbench94_muon"], "first_seed": 0, "subset": None, "cpu_kind": "avx2",
+            "processor": "AMD EPYC", "threads": 2, "precision_policy": "fp32", "newton_schulz_dtype": "float32",
+            "preloaded_by_all": "libtcmalloc_minimal.so.4", "muon_sha256": "704e2925",
+            "code": {"commit": "a958d0b", "src_tree": "1" * 40, "src_modified": False}}
+
+
+def fake_side(side, seed):
+    """A side's row as a timed process reports it. The references cannot run here (see the module's docstring):
+    these rows stand in for them, to test the rounds' bookkeeping only."""
+    seconds = 100.0 + seed if side == "cifarkit" else 130.0 + seed
+    return {"seed": seed, "wall_time_s": seconds, "train_time_s": seconds - 5, "test_acc": 0.94,
+            "test_acc_6_views": 0.94}
+
+
+def test_a_later_command_runs_only_the_missing_rounds_in_abba_order(tmp_path):
+    sides, saved = ["cifarkit", "airbench94_muon"], []
+    rounds = []
+    compare.complete_rounds(rounds, sides, 1, 0, fake_side, save=lambda: saved.append(len(rounds)))
+    assert saved == [1]
+    compare.complete_rounds(rounds, sides, 3, 0, fake_side, save=lambda: saved.append(len(rounds)))
+    assert saved == [1, 2, 3]
+    assert [r["order"] for r in rounds] == compare.round_orders(sides, 3)
+    assert [r["seed"] for r in rounds] == [0, 1, 2]
+    muon_file = tmp_path / "airbench94_muon.py"
+    muon_file.write_text("# the user's copy\n")
+    summary = compare.summarize(rounds, ["airbench94_muon"], muon_file)
+    assert summary["orders"] == compare.round_orders(sides, 3)
+    ratios = summary["references"]["airbench94_muon"]["speedup"]["whole_process"]["per_round"]
+    assert ratios == pytest.approx([130 / 100, 131 / 101, 132 / 102])
+
+
+def test_a_stopped_command_keeps_the_rounds_that_finished():
+    rounds, saved = [], []
+
+    def dies_in_round_two(side, seed):
+        if seed == 1:
+            raise KeyboardInterrupt
+        return fake_side(side, seed)
+    with pytest.raises(KeyboardInterrupt):
+        compare.complete_rounds(rounds, ["cifarkit", "airbench94_muon"], 3, 0, dies_in_round_two,
+                                save=lambda: saved.append([r["seed"] for r in rounds]))
+    assert saved == [[0]] and len(rounds) == 1
+
+
+def test_rounds_are_kept_only_from_the_same_comparison(tmp_path):
+    path = tmp_path / "compare.json"
+    assert compare.kept_rounds(str(path), SETTINGS) == []
+    rounds = [{"seed": 0, "order": ["cifarkit", "airbench94_muon"], "runs": {}, "finished": "2026-12-03T23:50:00"}]
+    path.write_text(json.dumps({"settings": SETTINGS, "rounds": rounds}))
+    assert compare.kept_rounds(str(path), json.loads(json.dumps(SETTINGS))) == rounds
+    with pytest.raises(SystemExit, match=r"another comparison \(it differs in threads\); give another --json"):
+        compare.kept_rounds(str(path), {**SETTINGS, "threads": 1})
+    other_code = {**SETTINGS, "code": {"commit": "b000000", "src_tree": "2" * 40, "src_modified": False}}
+    with pytest.raises(SystemExit, match=r"differs in src/ \(commit a958d0b then, b000000 now\)"):
+        compare.kept_rounds(str(path), other_code)
+    with pytest.raises(SystemExit, match="src/ has uncommitted changes"):
+        compare.kept_rounds(str(path), {**SETTINGS, "code": {**SETTINGS["code"], "src_modified": True}})
+    path.write_text(json.dumps({"cifarkit": {}, "references": {}}))
+    with pytest.raises(SystemExit, match="earlier version of this script"):
+        compare.kept_rounds(str(path), SETTINGS)
+
+
+def test_the_table_names_the_code_and_when_each_round_finished():
+    result = json.loads((ROOT / "tests" / "fixtures" / "compare-reference-subset.json").read_text())
+    assert "src/ at commit" not in render._reference_comparison(result)  # written before rounds were recorded
+    rounds = [{"finished": "2026-12-03T23:50:00+00:00"}, {"finished": "2026-12-04T09:10:00+00:00"}]
+    block = render._reference_comparison({**result, "settings": SETTINGS, "rounds": rounds})
+    assert ("cifarkit's src/ at commit a958d0b; the rounds finished at 2026-12-03 23:50:00, 2026-12-04 09:10:00 UTC."
+            in block)

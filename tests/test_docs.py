@@ -42,3 +42,24 @@ def test_serving_goals_name_what_the_model_alone_allows():
         best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
         assert path.name in row and f"| {64_000 / best:.0f} ms |" in row
         assert f"| {best / alone['batch_1_images_per_s']:.2f}x |" in row
+
+
+def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch):
+    measure = load_script(ROOT / "scripts" / "measure_winograd.py")
+    out = tmp_path / "winograd-layers-test.json"
+    measure.main(["--model", "fastnet_proxy", "--batch-size", "2", "--tile-rows", "4", "1536", "--rounds", "1",
+                  "--json", str(out)])
+    result = json.loads(out.read_text())
+    layers = result["layers"]
+    # fastnet_proxy's six 3x3 layers in forward order; the pooled 15 and 7 pixel ones take Winograd in fp32 training.
+    assert [(layer["width"], layer["pooled"], layer["fp32_training_path"]) for layer in layers] == [
+        (31, True, "plain"), (15, False, "plain"), (15, True, "winograd"), (7, False, "plain"), (7, True, "winograd"),
+        (3, False, "plain")]
+    assert [layer["winograd_outputs"] for layer in layers] == [30, 16, 14, 8, 6, 4]
+    assert [layer["input_gradient"] for layer in layers] == [False] + [True] * 5
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    rows = [line for line in render.winograd_block().splitlines() if line.startswith("| ") and "->" in line]
+    assert len(rows) == 6
+    onednn, chosen = (layers[2]["median_s"][name] for name in ("onednn", "winograd_1536"))
+    assert rows[2].startswith("| 32 -> 64 at 15x15, pooled (14x14 kept) | yes | winograd |")
+    assert rows[2].endswith(f"| {onednn / chosen:.2f}x |")

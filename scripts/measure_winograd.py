@@ -1,0 +1,106 @@
+"""Each 3x3 convolution of a model, forward and backward in fp32 on the CPU: oneDNN's direct kernel against
+Winograd's F(2x2, 3x3) (cifarkit.models.winograd) at several slice sizes, and the path fp32 training takes. Writes
+results/winograd-layers-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS), or --json PATH.
+
+    python scripts/measure_winograd.py
+    python scripts/measure_winograd.py --model fastnet_deep --tile-rows 1536 --rounds 5
+
+The variants take turns within each round, so drift on a shared machine falls on each alike; the median over rounds
+is kept. Winograd computes even outputs: a pooled layer's cropped ones, otherwise its outputs rounded up to even
+(the extra row and column are waste). The first convolution gets no input gradient, as in training once the
+whitening bias freezes. layers.WINOGRAD_MAX_WIDTH and winograd.TILE_ROWS are chosen from these tables. Run it alone.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from cifarkit import models
+from cifarkit.core import device
+from cifarkit.core.files import write_json
+from cifarkit.inference import backends
+from cifarkit.models import layers, winograd
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def convolution_inputs(model: torch.nn.Module) -> list[tuple[layers.Conv3x3, tuple[int, ...]]]:
+    """Each Conv3x3 of `model` with the shape of its input for one 32x32 image, in the order of the forward pass."""
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda module, args: seen.append((module, tuple(args[0].shape[1:]))))
+             for m in model.modules() if isinstance(m, layers.Conv3x3)]
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, 32, 32))
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def seconds(compute, x: torch.Tensor, weight: torch.Tensor) -> float:
+    start = time.perf_counter()
+    out = compute(x, weight)
+    wanted = (x, weight) if x.requires_grad else (weight,)
+    torch.autograd.grad(out, wanted, torch.ones_like(out))
+    return time.perf_counter() - start
+
+
+def winograd_variant(tile_rows: int, kept: int):
+    def compute(x, weight):
+        winograd.TILE_ROWS = tile_rows
+        return winograd.WinogradConv3x3.apply(x, weight, kept, kept)
+    return compute
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="fastnet")
+    parser.add_argument("--batch-size", type=int, default=2000, help="images per step (fast's batch)")
+    parser.add_argument("--tile-rows", nargs="+", type=int, default=[768, 1536, 3072])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="where to write the result; relative to the project")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    chosen_rows = winograd.TILE_ROWS
+    torch.manual_seed(0)
+    rows = []
+    for index, (conv, (c_in, h, w)) in enumerate(convolution_inputs(models.create(args.model))):
+        x = torch.randn(args.batch_size, c_in, h, w).contiguous(memory_format=torch.channels_last)
+        x.requires_grad_(index > 0)
+        weight = conv.weight.detach().clone().requires_grad_()
+        path = conv.train().path(x.detach().requires_grad_(index > 0))
+        kept = w - 1 if conv.pooled and w % 2 else w + w % 2
+        variants = {"onednn": lambda x, weight: F.conv2d(x, weight, padding=1)}
+        variants |= {f"winograd_{r}": winograd_variant(r, kept) for r in args.tile_rows}
+        for compute in variants.values():  # warm-up: oneDNN picks its kernels, the allocator fills its caches
+            seconds(compute, x, weight)
+        samples = {name: [] for name in variants}
+        for _ in range(args.rounds):
+            for name, compute in variants.items():
+                samples[name].append(seconds(compute, x, weight))
+        medians = {name: statistics.median(s) for name, s in samples.items()}
+        rows.append({"c_in": c_in, "c_out": conv.out_channels, "width": w, "pooled": conv.pooled,
+                     "input_gradient": index > 0, "winograd_outputs": kept, "fp32_training_path": path,
+                     "median_s": medians, "samples_s": samples})
+        print(f"{c_in:4d} -> {conv.out_channels:4d} at {w:2d}x{w:<2d} {'pooled' if conv.pooled else '      '} "
+              f"({path}): " + ", ".join(f"{name} {1e3 * s:.0f} ms" for name, s in medians.items()), flush=True)
+    winograd.TILE_ROWS = chosen_rows
+    kind = backends.cpu_kind()
+    out = ROOT / (args.json or Path("results") / f"winograd-layers-{kind}.json")
+    write_json(out, {
+        "command": "python scripts/measure_winograd.py" + (" " + " ".join(argv) if argv else ""),
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
+        "environment": device.report(torch.device("cpu")), "model": args.model, "batch_size": args.batch_size,
+        "threads": torch.get_num_threads(), "rounds": args.rounds, "tile_rows_chosen": chosen_rows, "layers": rows,
+    })
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
