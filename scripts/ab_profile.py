@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="where to write the result (default: "
                         "results/profile-ab-RECIPE-KIND.json); relative to the project")
     args = parser.parse_args()
+    if args.json is not None and not (ROOT / args.json).resolve().is_relative_to(ROOT):
+        # Checked before the minutes of measuring: the file records the command, which must not name this machine.
+        sys.exit(f"--json {args.json}: give a path inside the project, such as results/profile-ab-NAME.json")
     commit, head = (subprocess.run(["git", "rev-parse", "--short", name], cwd=ROOT, check=True, capture_output=True,
                                    text=True).stdout.strip() for name in (args.before, "HEAD"))
     changed = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, check=True, capture_output=True,
@@ -83,6 +86,8 @@ def main() -> None:
     write_json(out, {
         "command": f"python scripts/ab_profile.py --before {commit}"
                    + (f" --recipe {args.recipe}" if args.recipe != "fast" else "")
+                   + (f" --pairs {args.pairs}" if args.pairs != 3 else "")
+                   + (f" --steps {args.steps}" if args.steps != 3 else "")
                    + (f" --json {args.json}" if args.json else ""),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
         "environment": device.report(torch.device("cpu")), "before": commit, "after": after,

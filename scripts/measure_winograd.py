@@ -3,12 +3,15 @@ Winograd's F(2x2, 3x3) (cifarkit.models.winograd) at several slice sizes, and th
 results/winograd-layers-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS), or --json PATH.
 
     python scripts/measure_winograd.py
-    python scripts/measure_winograd.py --model fastnet_deep --tile-rows 1536 --rounds 5
+    python scripts/measure_winograd.py --model fastnet_deep --tile-rows 1536 --rounds 5 --model-rounds 4
 
 The variants take turns within each round, so drift on a shared machine falls on each alike; the median over rounds
 is kept. Winograd computes even outputs: a pooled layer's cropped ones, otherwise its outputs rounded up to even
 (the extra row and column are waste). The first convolution gets no input gradient, as in training once the
-whitening bias freezes. layers.WINOGRAD_MAX_WIDTH and winograd.TILE_ROWS are chosen from these tables. Run it alone.
+whitening bias freezes. Last, whole forward and backward passes of the model under each choice of layers
+(`model_plans`), also taking turns: a layer's gain in the table need not survive in the whole network, where the
+layers share the caches. It runs on the allocator training runs on (core/allocator.py). layers.WINOGRAD_MAX_WIDTH,
+layers.WINOGRAD_UNPOOLED_WIDTHS and winograd.TILE_ROWS are chosen from these tables. Run it alone.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from cifarkit import models
-from cifarkit.core import device
+from cifarkit.core import allocator, device
 from cifarkit.core.files import write_json
 from cifarkit.inference import backends
 from cifarkit.models import layers, winograd
@@ -58,12 +61,56 @@ def winograd_variant(tile_rows: int, kept: int):
     return compute
 
 
+def model_plans() -> dict[str, dict[str, object]]:
+    """The layer choices compared on whole forward + backward passes: the layers.py settings of each."""
+    return {"onednn": {"WINOGRAD_MAX_WIDTH": 0, "WINOGRAD_UNPOOLED_WIDTHS": ()},
+            "pooled_only": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH, "WINOGRAD_UNPOOLED_WIDTHS": ()},
+            "as_trained": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH,
+                           "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS}}
+
+
+def whole_model(name: str, batch_size: int, rounds: int) -> dict:
+    """The model's forward and backward pass in fp32 training under each plan of `model_plans`, taking turns (ABC,
+    CBA, ...) so that drift falls on each alike, with the first convolution's input gradient skipped as after the
+    whitening bias freezes."""
+    model = models.create(name).train()
+    for parameter in getattr(model, "whiten", torch.nn.Identity()).parameters():
+        parameter.requires_grad_(False)
+    x = torch.randn(batch_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    plans = model_plans()
+
+    def step(plan: str) -> float:
+        saved = {key: getattr(layers, key) for key in plans[plan]}
+        for key, value in plans[plan].items():
+            setattr(layers, key, value)
+        try:
+            start = time.perf_counter()
+            model(x).square().mean().backward()
+            return time.perf_counter() - start
+        finally:
+            for key, value in saved.items():
+                setattr(layers, key, value)
+            model.zero_grad(set_to_none=True)
+
+    for plan in plans:  # warm-up
+        step(plan)
+    samples = {plan: [] for plan in plans}
+    for round_index in range(rounds):
+        for plan in (list(plans) if round_index % 2 == 0 else list(reversed(plans))):
+            samples[plan].append(step(plan))
+    medians = {plan: statistics.median(s) for plan, s in samples.items()}
+    print("whole model, forward + backward: " + ", ".join(f"{plan} {1e3 * s:.0f} ms" for plan, s in medians.items()),
+          flush=True)
+    return {"plans": plans, "median_s": medians, "samples_s": samples}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="fastnet")
     parser.add_argument("--batch-size", type=int, default=2000, help="images per step (fast's batch)")
     parser.add_argument("--tile-rows", nargs="+", type=int, default=[768, 1536, 3072])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model-rounds", type=int, default=6, help="rounds of the whole-model comparison")
     parser.add_argument("--json", type=Path, help="where to write the result; relative to the project")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
@@ -91,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{c_in:4d} -> {conv.out_channels:4d} at {w:2d}x{w:<2d} {'pooled' if conv.pooled else '      '} "
               f"({path}): " + ", ".join(f"{name} {1e3 * s:.0f} ms" for name, s in medians.items()), flush=True)
     winograd.TILE_ROWS = chosen_rows
+    model = whole_model(args.model, args.batch_size, args.model_rounds)
     kind = backends.cpu_kind()
     out = ROOT / (args.json or Path("results") / f"winograd-layers-{kind}.json")
     write_json(out, {
@@ -98,9 +146,12 @@ def main(argv: list[str] | None = None) -> None:
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
         "environment": device.report(torch.device("cpu")), "model": args.model, "batch_size": args.batch_size,
         "threads": torch.get_num_threads(), "rounds": args.rounds, "tile_rows_chosen": chosen_rows, "layers": rows,
+        "whole_model": model,
     })
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
+    # Under training's allocator: with glibc's, each slice's new tensors page-fault, and the table would time that.
+    allocator.restart_on_tcmalloc(sys.argv[1:], program=(__file__,))
     main()

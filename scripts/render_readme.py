@@ -484,6 +484,9 @@ def containers_block() -> str:
     return "\n".join(lines)
 
 
+PLAN_NAMES = {"onednn": "every layer on oneDNN", "pooled_only": "Winograd on the pooled layers only"}
+
+
 def winograd_block() -> str:
     """Each 3x3 layer's forward + backward time in fp32, oneDNN against Winograd, per CPU kind measured
     (scripts/measure_winograd.py), and the path fp32 training takes there."""
@@ -509,6 +512,15 @@ def winograd_block() -> str:
                          f"{1e3 * medians['onednn']:,.0f} | "
                          + " | ".join(f"{1e3 * medians[f'winograd_{rows}']:,.0f}" for rows in sizes)
                          + f" | {medians['onednn'] / medians[chosen]:.2f}x |")
+        if "whole_model" in result:
+            whole = result["whole_model"]
+            rounds = len(next(iter(whole["samples_s"].values())))
+            trained = whole["median_s"]["as_trained"]
+            parts.append(f"\nThe whole `{result['model']}`, forward and backward, the choices taking turns (medians of "
+                         f"{rounds} rounds): " + ", ".join(
+                             f"{PLAN_NAMES[plan]} {1e3 * s:,.0f} ms ({s / trained:.2f}x training's choice)"
+                             for plan, s in whole["median_s"].items() if plan != "as_trained")
+                         + f", as fp32 training takes them {1e3 * trained:,.0f} ms.")
         parts.append("")
     return "\n".join(parts).rstrip() or "No measurement yet: `python scripts/measure_winograd.py`."
 

@@ -164,9 +164,10 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_pl
     torch.testing.assert_close(input_grad, ref_input_grad)
     # Both gradients are sums of bf16 products, rounded to bf16: equal to within a few of its ulps.
     torch.testing.assert_close(weight_grad, ref_weight_grad, rtol=2e-2, atol=2e-2 * ref_weight_grad.abs().max().item())
-    # fp32 training takes Winograd on the pooled layers it crops, and nothing else; evaluation, tracing and export see
-    # the plain convolution.
-    assert conv.path(x.requires_grad_()) == ("winograd" if odd_pooled else "plain")
+    # fp32 training takes Winograd on the pooled layers it crops and on the unpooled 7x7 ones, and nothing else;
+    # evaluation, tracing and export see the plain convolution.
+    winograd_path = odd_pooled or (not pooled and width == 7)
+    assert conv.path(x.requires_grad_()) == ("winograd" if winograd_path else "plain")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert conv.eval().path(x) == "plain"
     assert conv.eval().path(x) == "plain"
@@ -176,11 +177,14 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_pl
 @pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
 @pytest.mark.parametrize("width", [3, 7, 15, 16])
 @pytest.mark.parametrize("tile_rows", [1536, 5])
-def test_winograd_convolution_equals_conv2d_on_its_outputs(memory_format, width, tile_rows, monkeypatch):
+@pytest.mark.parametrize("cropped_by_pool", [True, False])
+def test_winograd_convolution_equals_conv2d_on_its_outputs(memory_format, width, tile_rows, cropped_by_pool,
+                                                           monkeypatch):
     # Five tile rows: a slice of one image each, so the slices' sums and the overlapping tiles' gradients are tested.
+    # Kept outputs of odd size are computed rounded up to even and cropped.
     monkeypatch.setattr(winograd, "TILE_ROWS", tile_rows)
     torch.manual_seed(0)
-    kept = width - width % 2
+    kept = width - width % 2 if cropped_by_pool else width
     x = torch.randn(3, 5, width, width, dtype=torch.float64).contiguous(memory_format=memory_format)
     weight = torch.randn(7, 5, 3, 3, dtype=torch.float64)
     grad_output = torch.randn(3, 7, kept, kept, dtype=torch.float64)
@@ -207,25 +211,28 @@ def test_winograd_skips_the_input_gradient_nobody_asked_for():
 
 
 @pytest.mark.unit
-def test_fastnet_trains_in_fp32_as_without_winograd():
-    # In fp32 training fastnet's pooled 15x15 and 7x7 layers compute their 14x14 and 6x6 outputs by Winograd; the
-    # 31x31 one stays on oneDNN. The loss and every gradient are those of the plain network.
+def test_fastnet_trains_in_fp32_as_without_winograd(monkeypatch):
+    # In fp32 training fastnet's pooled 15x15 and 7x7 layers compute their 14x14 and 6x6 outputs by Winograd, and its
+    # unpooled 7x7 layer its 8x8 ones, cropped to 7x7; the others stay on oneDNN. The loss and every gradient are
+    # those of the plain network.
     torch.manual_seed(0)
     model = models.create("fastnet").train()
-    pooled = [m for m in model.modules() if isinstance(m, layers.Conv3x3) and m.pooled]
+    convs = [m for m in model.modules() if isinstance(m, layers.Conv3x3)]
     x = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     paths, results = [], []
-    hooks = [conv.register_forward_pre_hook(lambda module, args: paths.append(module.path(args[0]))) for conv in pooled]
+    hooks = [conv.register_forward_pre_hook(lambda module, args: paths.append(module.path(args[0]))) for conv in convs]
     for plain in (False, True):
-        for conv in pooled:
-            conv.pooled = not plain
-        model.zero_grad()
-        loss = model(x).square().sum()
-        loss.backward()
+        with monkeypatch.context() as patch:
+            if plain:
+                patch.setattr(layers, "WINOGRAD_MAX_WIDTH", 0)
+                patch.setattr(layers, "WINOGRAD_UNPOOLED_WIDTHS", ())
+            model.zero_grad()
+            loss = model(x).square().sum()
+            loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
     for hook in hooks:
         hook.remove()
-    assert paths == ["plain", "winograd", "winograd", "plain", "plain", "plain"]
+    assert paths == ["plain", "plain", "winograd", "winograd", "winograd", "plain"] + ["plain"] * 6
     (loss, grads), (plain_loss, plain_grads) = results
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
     for grad, plain in zip(grads, plain_grads, strict=True):

@@ -72,9 +72,10 @@ def preload_environment(environ: dict[str, str]) -> dict[str, str] | None:
     return {**settings, "LD_PRELOAD": preload}
 
 
-def restart_on_tcmalloc(argv: list[str]) -> None:
-    """Run `cifarkit ARGV` again in this process with the allocator of `preload_environment`, unless one of them is
-    loaded already or this process is that second start; otherwise return, and the command goes on as it is."""
+def restart_on_tcmalloc(argv: list[str], program: tuple[str, ...] = ("-m", "cifarkit")) -> None:
+    """Run `python PROGRAM ARGV` (by default `cifarkit ARGV`) again in this process with the allocator of
+    `preload_environment`, unless one of them is loaded already or this process is that second start; otherwise
+    return, and the command goes on as it is."""
     if os.environ.get(TRIED) or in_use() != "glibc":
         return
     environ = preload_environment(dict(os.environ))
@@ -82,4 +83,4 @@ def restart_on_tcmalloc(argv: list[str]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "cifarkit", *argv], {**environ, TRIED: "1"})
+    os.execve(sys.executable, [sys.executable, *program, *argv], {**environ, TRIED: "1"})

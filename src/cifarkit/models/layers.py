@@ -10,8 +10,8 @@ or AVX512-BF16 alone), so `KERNEL_PLANS` holds a plan per engine. The per-layer 
 CPU kinds they were taken on, are in docs/recipes-and-speed.md ("Kernel plans").
 
 In fp32 training on the CPU (where bf16 is not native) the pooled layers of odd width that the pool crops to an even
-one take Winograd's F(2x2, 3x3) instead (`models/winograd.py`): fewer multiplications where oneDNN's direct kernels
-already run near the fp32 matmul peak.
+one, and the unpooled layers of the widths where it was measured to pay, take Winograd's F(2x2, 3x3) instead
+(`models/winograd.py`): fewer multiplications where oneDNN's direct kernels already run near the fp32 matmul peak.
 """
 from __future__ import annotations
 
@@ -107,6 +107,10 @@ KERNEL_PLANS = {"amx": KernelPlan(8, 8, 0), "no_amx": KernelPlan(4, 8, 16)}
 # fp32 training: pooled layers of odd width up to this take Winograd on their cropped, even outputs. At 31 pixels
 # (24 input channels) oneDNN's direct kernel was the faster (docs/recipes-and-speed.md, "Kernel plans").
 WINOGRAD_MAX_WIDTH = 16
+# fp32 training: unpooled layers of these widths take Winograd on their outputs rounded up to even, then cropped. At
+# 7 pixels (256 channels) the rounding adds 31% to the products and Winograd was still the faster; at 3 pixels
+# (78% more) and at 15 (64 input channels) oneDNN was.
+WINOGRAD_UNPOOLED_WIDTHS = (7,)
 
 
 @functools.cache
@@ -127,14 +131,15 @@ class Conv3x3(nn.Conv2d):
         """How a call on `x` computes, here and now: "plain" (nn.Conv2d), "matmul" (the weight gradient by
         `weight_gradient_by_matmul`), "matmul-cropped" (the same on the pooled layer's kept rows and columns),
         "onednn-cropped" (oneDNN on a pad that crops them) or, in fp32, "winograd" (`WinogradConv3x3` on the kept
-        rows and columns). Only training on the CPU leaves the plain path."""
+        rows and columns, or on all of an unpooled layer's). Only training on the CPU leaves the plain path."""
         h, w = x.shape[-2:]
         if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"):
             return "plain"
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
         crop = self.pooled and w % 2 == 1 and h % 2 == 1
         if dtype == torch.float32 and x.dtype == torch.float32:
-            return "winograd" if crop and w <= WINOGRAD_MAX_WIDTH else "plain"
+            winograd = (crop and w <= WINOGRAD_MAX_WIDTH) or (not self.pooled and w in WINOGRAD_UNPOOLED_WIDTHS)
+            return "winograd" if winograd else "plain"
         if dtype != torch.bfloat16:
             return "plain"
         plan = cpu_plan()
@@ -150,7 +155,8 @@ class Conv3x3(nn.Conv2d):
             return super().forward(x)
         if path == "winograd":
             h, w = x.shape[-2:]
-            return WinogradConv3x3.apply(x, self.weight, h - 1, w - 1)
+            crop = int(self.pooled)  # a pooled layer's path is Winograd only where its size is odd
+            return WinogradConv3x3.apply(x, self.weight, h - crop, w - crop)
         # The input cast autocast would make inside conv2d, made here.
         with torch.autocast("cpu", enabled=False):
             low = x.to(torch.bfloat16)

@@ -7,8 +7,10 @@ filters are transformed, multiplied as 16 independent matmuls (tiles x C_in by C
 The backward pass stays in the same transformed space: the weight gradient is 16 matmuls of the input tiles with
 the output gradient's tiles, the input gradient 16 matmuls with the transposed filters, each transformed back.
 
-It pays where the outputs tile exactly: the pooled layers whose odd last row and column a 2x2 max-pool drops
-(fastnet's 15x15 -> 14x14 and 7x7 -> 6x6). The transforms are additions over the whole tensor; they are done in
+It pays most where the outputs tile exactly: the pooled layers whose odd last row and column a 2x2 max-pool drops
+(fastnet's 15x15 -> 14x14 and 7x7 -> 6x6). An odd layer that keeps all its outputs computes one row and one column
+more and crops them, which still paid for fastnet's unpooled 7x7 layer (64 outputs for 49: 16 / 36 x 64 / 49 of
+the direct convolution's products). The transforms are additions over the whole tensor; they are done in
 slices of whole images so that a slice's tiles are still in cache when its matmuls read them. The layers it was
 measured on, with the CPU kind, are in docs/recipes-and-speed.md ("Kernel plans").
 """
@@ -87,13 +89,14 @@ def _output_gradient(grad: torch.Tensor, out: torch.Tensor) -> None:
 
 
 class WinogradConv3x3(torch.autograd.Function):
-    """The top-left `out_h` x `out_w` outputs (both even) of conv2d(x, weight, padding=1), in fp32."""
+    """The top-left `out_h` x `out_w` outputs of conv2d(x, weight, padding=1), in fp32. Odd sizes are computed
+    rounded up to even and cropped: the extra row and column are waste."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
         n, c_in, h, w = x.shape
         c_out = weight.shape[0]
-        tiles_h, tiles_w = out_h // 2, out_w // 2
+        tiles_h, tiles_w = (out_h + 1) // 2, (out_w + 1) // 2
         # Channels last: each tile's channels are contiguous, the matmuls' inner dimension.
         padded = F.pad(x.permute(0, 2, 3, 1), (0, 0, 1, 2 * tiles_w + 1 - w, 1, 2 * tiles_h + 1 - h)).contiguous()
         filters = _transform_filters(weight)
@@ -105,15 +108,20 @@ class WinogradConv3x3(torch.autograd.Function):
             _inverse_transform(products.view(4, 4, end - start, tiles_h, tiles_w, c_out), out[start:end])
         ctx.save_for_backward(padded, filters)
         ctx.input_size = (h, w)
-        return out.view(n, out_h, out_w, c_out).permute(0, 3, 1, 2)
+        out = out.view(n, 2 * tiles_h, 2 * tiles_w, c_out)
+        if (out_h, out_w) != out.shape[1:3]:
+            out = out[:, :out_h, :out_w].contiguous()
+        return out.permute(0, 3, 1, 2)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         padded, filters = ctx.saved_tensors
         n, c_in = padded.shape[0], padded.shape[3]
         c_out, out_h, out_w = grad_output.shape[1:]
-        tiles_h, tiles_w = out_h // 2, out_w // 2
-        grad_blocks = grad_output.permute(0, 2, 3, 1).reshape(n, tiles_h, 2, tiles_w, 2, c_out)
+        tiles_h, tiles_w = (out_h + 1) // 2, (out_w + 1) // 2
+        # The rounded-up row and column were cropped away: their gradient is zero.
+        grad_nhwc = F.pad(grad_output.permute(0, 2, 3, 1), (0, 0, 0, 2 * tiles_w - out_w, 0, 2 * tiles_h - out_h))
+        grad_blocks = grad_nhwc.reshape(n, tiles_h, 2, tiles_w, 2, c_out)
         grad_filters = torch.zeros_like(filters)
         want_input = ctx.needs_input_grad[0]
         grad_padded = torch.zeros_like(padded) if want_input else None
