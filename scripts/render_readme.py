@@ -177,10 +177,23 @@ def cpu_kind_block() -> str:
         ab = json.loads(path.read_text())
         after = ab["runs"]["after"]
         step = statistics.fmean(r["step_s"] for r in after)
+        half = ab.get("speedup_ci95_half_width")
+        spread = f", 95% CI +- {half:.2f}" if half is not None else ""
         lines.append(f"| {ab['cpu_kind']} | {ab['environment']['processor']} | `fast` training step, "
                      f"{after[0]['precision']}, batch 2,000, {after[0]['allocator']} | {step:.1f} s per step "
                      f"({2000 / step:,.0f} img/s), {ab['speedup_mean']:.2f}x the step at {ab['before']} "
-                     f"(n = {len(after)} pairs) | `{ab['command']}` (`results/{path.name}`) |")
+                     f"(n = {len(after)} pairs{spread}) | `{ab['command']}` (`results/{path.name}`) |")
+    for path in sorted(RESULTS.glob("profile-*.json")):  # `cifarkit profile --json`: the convolutions' share of peak
+        if path.name.startswith("profile-ab-"):
+            continue
+        profiled = json.loads(path.read_text())
+        peak = profiled["matmul_peak"]
+        lines.append(f"| {cpu_kind_of(profiled['environment'])} | {profiled['environment']['processor']} | "
+                     f"`{profiled['recipe']}` step's convolutions, {profiled['precision']}, batch "
+                     f"{profiled['batch_size']:,} | {profiled['convolution_flop_per_s'] / 1e12:.3f} TFLOP/s counted "
+                     f"as direct convolutions, {profiled['convolution_flop_per_s'] / peak['flop_per_s']:.2f}x a "
+                     f"{peak['size']}^3 {peak['dtype']} matmul's {peak['flop_per_s'] / 1e12:.3f} in the same run; "
+                     f"{profiled['step_s']:.1f} s per step | `{profiled['command']}` (`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("serve-bench*.json")):
         bench = json.loads(path.read_text())
         batched = bench["servers"]["batched"]

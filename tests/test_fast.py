@@ -16,7 +16,7 @@ from cifarkit.training import train
 from cifarkit.training.config import load_recipe
 from cifarkit.training.engine import evaluate, tta_views
 from cifarkit.training.optim import Lookahead, build_optimizer, build_schedule, orthogonalized
-from conftest import FLOORS
+from conftest import FLOORS, ROOT, load_script
 
 
 def test_whitening_filters_decorrelate_patches(cifar_home):
@@ -252,8 +252,8 @@ def test_muon_orthogonalizes_filters_and_steps_the_rest_as_torch_sgd():
         assert not torch.equal(p, before)
 
 
-def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, capsys):
-    out = tmp_path / "profile.json"
+def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "profile-fast-test.json"
     assert main(["profile", "--recipe", "fast", "--set", "train.batch_size=100", "--steps", "2", "--json",
                  str(out)]) == 0
     printed = capsys.readouterr().out
@@ -281,6 +281,12 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     augment = load_recipe("fast").data.augment
     side = augment.early_crop if augment.early_crop_epochs else 32
     assert result["image_size"] == [side, side] and f"of {side}x{side} images" in printed
+    # The README's per-CPU-kind table shows the share of the peak, with the command that measured it.
+    render = load_script(ROOT / "scripts" / "render_readme.py")
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    row = next(line for line in render.cpu_kind_block().splitlines() if "step's convolutions" in line)
+    assert f"{result['convolution_flop_per_s'] / peak['flop_per_s']:.2f}x a 2048^3 {peak['dtype']} matmul's" in row
+    assert row.endswith(f"| `{result['command']}` (`results/{out.name}`) |")
 
 
 def test_convolution_macs_are_counted_per_image():
