@@ -232,6 +232,10 @@ def test_export_that_fails_parity_writes_nothing(released, cifar_home, tmp_path,
     assert main(["export", str(target), "--format", "torchscript"]) == 2
     assert "failed its parity check" in capsys.readouterr().err
     assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in released.iterdir())
+    # Into a folder of its own: the folders it would have made are not left behind either.
+    assert main(["export", str(target), "--format", "torchscript", "--out", str(tmp_path / "new" / "nested")]) == 2
+    assert "failed its parity check" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
 
 
 def test_onnx_backend_agrees_with_fp32(released, cifar_home, tmp_path):

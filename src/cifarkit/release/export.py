@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -90,17 +90,24 @@ def export(release: str | Path, fmt: str, out: str | Path | None = None) -> dict
     if out is None:
         out = Path() if release.resolve().is_relative_to(SHIPPED.resolve()) else release
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     into_release = out.resolve() == release.resolve()
     target = out / FILES[fmt]
     writer = {"onnx": write_onnx, "exported": _write_exported, "torchscript": _write_torchscript}[fmt]
     images = parity_images(PARITY_IMAGES, meta["mean"], meta["std"])
     log.info("exporting %s as %s and checking it against PyTorch on %d test images...", release, fmt, len(images))
-    with atomic_path(target) as tmp, _torchscript_deprecation():
-        writer(model, tmp)
-        check = parity(model, run_artifact(fmt, tmp), images)
-        if check["max_abs_logit_diff"] > MAX_ABS_DIFF or check["top1_agreement"] < MIN_TOP1_AGREEMENT:
-            raise CifarkitError(f"{fmt} export failed its parity check ({_describe(check)}); nothing was written")
+    created = [folder for folder in (out, *out.parents) if not folder.exists()]
+    try:
+        with atomic_path(target) as tmp, _torchscript_deprecation():
+            writer(model, tmp)
+            check = parity(model, run_artifact(fmt, tmp), images)
+            if check["max_abs_logit_diff"] > MAX_ABS_DIFF or check["top1_agreement"] < MIN_TOP1_AGREEMENT:
+                raise CifarkitError(f"{fmt} export failed its parity check ({_describe(check)}); nothing was written")
+    except BaseException:
+        # "Nothing was written" holds for the folders too: those this export made go, innermost first.
+        for folder in created:
+            with suppress(OSError):
+                folder.rmdir()
+        raise
     report = {**record(fmt, target, weights_sha), **check,
               "limits": {"max_abs_logit_diff": MAX_ABS_DIFF, "top1_agreement": MIN_TOP1_AGREEMENT}}
     if into_release:
