@@ -344,7 +344,12 @@ def test_idle_and_slow_clients_are_cut_off_and_one_that_leaves_is_a_line_and_a_c
         assert time.monotonic() - start < 10
         status, _, answer = call(server.url, "/v1/predict", CAT, PNG)
         assert status == 200 and answer["predictions"][0]["label"] == "cat"
-        assert metrics(server.url)[("cifarkit_client_disconnects_total", ())] == 2
+        counted = metrics(server.url)
+        assert counted[("cifarkit_client_disconnects_total", ())] == 2
+        # The two that left were not answered: no status is counted for them, 500 least of all.
+        predict_statuses = {dict(labels)["status"]: value for (name, labels), value in counted.items()
+                            if name == "cifarkit_http_requests_total" and dict(labels)["endpoint"] == "/v1/predict"}
+        assert predict_statuses == {"200": 1}
         assert server.stop() == 0
     gone = [line for line in server.lines if "left before sending its whole request" in line]
     assert len(gone) == 2 and all(" INFO " in line for line in gone), server.output[-3000:]

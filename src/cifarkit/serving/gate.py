@@ -29,7 +29,7 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        started, endpoint, status = time.perf_counter(), _endpoint(scope["path"]), [500]
+        started, endpoint, status = time.perf_counter(), _endpoint(scope["path"]), [None]
 
         async def send_and_record(message):
             if message["type"] == "http.response.start":
@@ -43,9 +43,16 @@ class Gate:
                 return
             app = self.predict if scope["path"] == PREDICT else self.app
             await app(scope, self._limited(receive), send_and_record)
+        except BaseException:
+            if status[0] is None:  # the ASGI server answers a failure before any response with a 500
+                status[0] = 500
+            raise
         finally:
-            self.metrics.requests.labels(endpoint, str(status[0])).inc()
-            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+            # A request that ended without an answer or an error is a client that left (the app counted it in
+            # cifarkit_client_disconnects): nothing was answered, so it is not counted here as one.
+            if status[0] is not None:
+                self.metrics.requests.labels(endpoint, str(status[0])).inc()
+                self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
 
     def _check(self, scope) -> Refused | None:
         headers = dict(scope["headers"])
