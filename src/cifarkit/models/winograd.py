@@ -119,8 +119,10 @@ class WinogradConv3x3(torch.autograd.Function):
         n, c_in = padded.shape[0], padded.shape[3]
         c_out, out_h, out_w = grad_output.shape[1:]
         tiles_h, tiles_w = (out_h + 1) // 2, (out_w + 1) // 2
-        # The rounded-up row and column were cropped away: their gradient is zero.
-        grad_nhwc = F.pad(grad_output.permute(0, 2, 3, 1), (0, 0, 0, 2 * tiles_w - out_w, 0, 2 * tiles_h - out_h))
+        grad_nhwc = grad_output.permute(0, 2, 3, 1)
+        if (out_h, out_w) != (2 * tiles_h, 2 * tiles_w):
+            # The rounded-up row and column were cropped away: their gradient is zero. Only then: a pad copies.
+            grad_nhwc = F.pad(grad_nhwc, (0, 0, 0, 2 * tiles_w - out_w, 0, 2 * tiles_h - out_h))
         grad_blocks = grad_nhwc.reshape(n, tiles_h, 2, tiles_w, 2, c_out)
         grad_filters = torch.zeros_like(filters)
         want_input = ctx.needs_input_grad[0]
