@@ -169,8 +169,9 @@ def cpu_kind_block() -> str:
                             f"{100 * side['accuracy']['mean']:.2f}% there)"
                             for name, side in compared["references"].items())
         lines.append(f"| {compared['cpu_kind']} | {compared['environment']['processor']} | `fast` training, "
-                     f"{compared['precision_policy']} | {100 * ours['accuracy']['mean']:.2f}% mean test accuracy "
-                     f"(n = {ours['accuracy']['n']}; {100 * ours['accuracy_6_views']['mean']:.2f}% with 6 TTA views), "
+                     f"{compared['precision_policy']}{_code_of(compared)} | {100 * ours['accuracy']['mean']:.2f}% mean "
+                     f"test accuracy (n = {_rounds_done(compared)}; "
+                     f"{100 * ours['accuracy_6_views']['mean']:.2f}% with 6 TTA views), "
                      f"{ours['wall_time_s'] / 60:.1f} min mean wall time; {against} | `{compared['command']}` "
                      f"(`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("profile-ab-fast-*.json")):  # where no speed run was made on the kind yet
@@ -437,7 +438,26 @@ def _reference_comparison(result: dict) -> str:
         finished = ", ".join(r["finished"].replace("T", " ").removesuffix("+00:00") for r in result["rounds"])
         lines.append(f"cifarkit's src/ at commit {result['settings']['code']['commit']}; the rounds finished at "
                      f"{finished} UTC.")
+        if len(result["rounds"]) < _rounds_asked(result):
+            lines.append(f"Unfinished: {_rounds_done(result)} so far. The same command, on this CPU kind with the "
+                         f"same src/, allocator and threads, runs the rest and keeps these.")
     return "\n".join(lines)
+
+
+def _rounds_asked(result: dict) -> int:
+    """The rounds the comparison's command asks for; a file may hold fewer while the comparison is unfinished."""
+    return int(re.search(r"--runs (\d+)", result["command"]).group(1))
+
+
+def _rounds_done(result: dict) -> str:
+    done = len(result.get("rounds", result["cifarkit"]["runs"]))
+    asked = _rounds_asked(result)
+    return str(done) if done >= asked else f"{done} of the command's {asked} rounds"
+
+
+def _code_of(result: dict) -> str:
+    """The cifarkit commit a comparison timed, where the file records it: two files on one kind are two versions."""
+    return f", src/ at {result['settings']['code']['commit']}" if "settings" in result else ""
 
 
 def _observed(run: dict) -> str:

@@ -126,3 +126,14 @@ def test_the_table_names_the_code_and_when_each_round_finished():
     block = render._reference_comparison({**result, "settings": SETTINGS, "rounds": rounds})
     assert ("cifarkit's src/ at commit a958d0b; the rounds finished at 2026-12-03 23:50:00, 2026-12-04 09:10:00 UTC."
             in block)
+
+
+def test_an_unfinished_comparison_says_how_many_rounds_it_holds_and_how_to_finish():
+    result = json.loads((ROOT / "tests" / "fixtures" / "compare-reference-subset.json").read_text())
+    rounds = [{"finished": "2026-12-04T16:10:00+00:00"}, {"finished": "2026-12-04T17:25:00+00:00"}]
+    asked_three = {**result, "settings": SETTINGS, "rounds": rounds,
+                   "command": result["command"].replace("--runs 1", "--runs 3")}
+    assert ("Unfinished: 2 of the command's 3 rounds so far. The same command"
+            in render._reference_comparison(asked_three))
+    assert "Unfinished" not in render._reference_comparison({**asked_three, "rounds": rounds * 2})
+    assert "Unfinished" not in render._reference_comparison(result)  # the first form records no rounds
