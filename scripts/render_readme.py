@@ -122,7 +122,7 @@ def bench_block() -> str:
 
 
 def speedrun_block() -> str:
-    lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | CPU | "
+    lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | device | "
              "machine speed before each run | file |", "|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
     for path in sorted(RESULTS.glob("speedrun-*.json")):
         report = json.loads(path.read_text())
@@ -134,10 +134,14 @@ def speedrun_block() -> str:
             spread = (f"{100 * acc['std']:.2f} | [{100 * acc['ci95'][0]:.2f}, {100 * acc['ci95'][1]:.2f}] | "
                       f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
         lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
-                     f"{wall['mean'] / 60:.1f} / {wall['max'] / 60:.1f} min | {cpu(report['environment'])} | "
+                     f"{_duration(wall['mean'])} / {_duration(wall['max'])} | {hardware(report['environment'])} | "
                      f"{machine_speeds(report['runs'])} | "
                      f"`results/{path.name}` |")
     return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def cpu_kind_of(environment: dict) -> str:
@@ -150,16 +154,13 @@ def cpu_kind_block() -> str:
     """What a user can expect per CPU kind: each `fast` speed run and each serving benchmark, with its command."""
     lines = ["| CPU kind | processor | what | measured | command |", "|---|---|---|---|---|"]
 
-    for path in sorted(RESULTS.glob("speedrun-fast*.json")):
-        report = json.loads(path.read_text())
+    for path, report in fast_speedruns("cpu"):
         acc, wall = report["accuracy"], report["wall_time_s"]
-        precision = report["runs"][0].get("run", {}).get("precision", "not recorded")
-        overrides = "".join(f" --set {o}" for o in report["overrides"])
         environment = report["environment"]
         lines.append(f"| {cpu_kind_of(environment)} | {environment['processor']} | `fast` training, "
-                     f"{precision} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
-                     f"{wall['mean'] / 60:.1f} min mean wall time | `cifarkit speedrun --recipe fast --runs {acc['n']}"
-                     f"{overrides}` (`results/{path.name}`) |")
+                     f"{_precision(report)} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
+                     f"{wall['mean'] / 60:.1f} min mean wall time | {_speedrun_command(report)} "
+                     f"(`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("compare-reference*.json")):
         compared = json.loads(path.read_text())
         if "references" not in compared or compared["subset"]:  # the first form, or a check that the sides run
@@ -210,8 +211,42 @@ def cpu_kind_block() -> str:
     return "\n".join(lines)
 
 
-def cpu(environment: dict) -> str:
-    """The processor and whether it has AMX, which sets its bf16 training speed (about 2x that of AVX512-BF16 alone)."""
+def fast_speedruns(device_type: str) -> list[tuple[Path, dict]]:
+    """The `fast` speed runs made on `device_type` ("cpu" or "cuda"), each with its file."""
+    reports = [(path, json.loads(path.read_text())) for path in sorted(RESULTS.glob("speedrun-fast*.json"))]
+    return [(path, report) for path, report in reports if report["environment"].get("device", "cpu") == device_type]
+
+
+def _precision(report: dict) -> str:
+    return report["runs"][0].get("run", {}).get("precision", "not recorded")
+
+
+def _speedrun_command(report: dict) -> str:
+    """The command as far as the JSON tells it: its overrides, and --no-curve where no run has a per-epoch curve."""
+    overrides = "".join(f" --set {o}" for o in report["overrides"])
+    no_curve = " --no-curve" if all(len(r.get("curve", [])) <= 1 for r in report["runs"]) else ""
+    return f"`cifarkit speedrun --recipe {report['recipe']} --runs {report['accuracy']['n']}{overrides}{no_curve}`"
+
+
+def gpu_block() -> str:
+    """`fast` on each GPU measured: accuracy, wall time and each run's training time, the first run's included
+    (it pays for cuDNN's autotuning), with the torch that ran there."""
+    lines = ["| GPU | torch | what | measured | command |", "|---|---|---|---|---|"]
+    for path, report in fast_speedruns("cuda"):
+        acc, wall, environment = report["accuracy"], report["wall_time_s"], report["environment"]
+        training = ", ".join(f"{r['train_time_s']:.1f}" for r in report["runs"])
+        lines.append(f"| {environment['gpus'][0]['name']} | {environment['torch']} | `fast` training, "
+                     f"{_precision(report)}, not compiled | {100 * acc['mean']:.2f}% mean test accuracy "
+                     f"(n = {acc['n']}), {wall['mean']:.1f} s mean wall time; training {training} s by run | "
+                     f"{_speedrun_command(report)} (`results/{path.name}`) |")
+    return "\n".join(lines) if len(lines) > 2 else "No GPU measured yet: `bash scripts/device_check.sh` on one."
+
+
+def hardware(environment: dict) -> str:
+    """The GPU of a CUDA run; else the processor and whether it has AMX, which sets its bf16 training speed (about
+    2x that of AVX512-BF16 alone)."""
+    if environment.get("device") == "cuda":
+        return environment["gpus"][0]["name"]
     features = environment.get("cpu_features")
     if features is None:  # speed runs from before the CPU's instruction sets were recorded
         return environment["processor"]
@@ -414,7 +449,8 @@ def reference_block() -> str:
 
 def _reference_comparison(result: dict) -> str:
     env, ours = result["environment"], result["cifarkit"]
-    lines = [f"{cpu(env)}, {env['threads']} cores, torch {env['torch']}; precision {result['precision_policy']}, "
+    lines = [f"{hardware(env)}, {env['threads']} cores, torch {env['torch']}; "
+             f"precision {result['precision_policy']}, "
              f"Newton-Schulz in {result['newton_schulz_dtype']}, {result['preloaded_by_all'] or 'no allocator'} "
              f"preloaded by every side (`{result['command']}`).", ""]
     if result["subset"]:
@@ -471,7 +507,7 @@ def _observed(run: dict) -> str:
 def _airbench94_only(result: dict) -> str:
     """The first form of the comparison: airbench94 alone, with bf16 autocast forced on it, one timer."""
     env = result["environment"]
-    lines = [f"{cpu(env)}, {env['threads']} cores, torch {env['torch']} "
+    lines = [f"{hardware(env)}, {env['threads']} cores, torch {env['torch']} "
              f"(`{result['command']}`, an earlier version of the script; timer: {result['timer_covers']}).", "",
              "| | runs | test accuracy (TTA), each | mean | whole process, each | mean |",
              "|---|---:|---|---:|---|---:|"]
@@ -559,7 +595,7 @@ def winograd_block() -> str:
 
 
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
-          "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block,
+          "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block, "gpu": gpu_block,
           "predict": predict_block, "serve": serve_block,
           "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
           "containers": containers_block, "contracts": contracts_block, "layers": layers_block,

@@ -73,3 +73,33 @@ def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch
     assert measure.layers.WINOGRAD_MAX_WIDTH > 0 and measure.layers.WINOGRAD_UNPOOLED_WIDTHS
     trained = whole["median_s"]["as_trained"]
     assert f"as fp32 training takes them {1e3 * trained:,.0f} ms." in render.winograd_block()
+
+
+def _speedrun_report(device: str, curve_points: int) -> dict:
+    gpus = [{"name": "NVIDIA H200", "memory_gib": 139.8}] if device == "cuda" else []
+    return {"recipe": "fast", "overrides": [f"train.device={device}"], "target": 0.94,
+            "accuracy": {"n": 2, "mean": 0.9395, "std": 0.001, "ci95": [0.93, 0.95], "p_value_mean_above_target": 0.5},
+            "wall_time_s": {"mean": 5.0, "max": 8.0, "min": 2.0},
+            "environment": {"device": device, "gpus": gpus, "torch": "2.11.0+cu130", "processor": "AMD EPYC",
+                            "cpu_features": ["avx2"]},
+            "runs": [{"train_time_s": t, "run": {"precision": "fp16" if device == "cuda" else "fp32"},
+                      "curve": [{"epoch": e} for e in range(curve_points)], "machine_speed": None}
+                     for t in (6.04, 2.96)]}
+
+
+def test_gpu_speed_runs_have_their_own_table(tmp_path, monkeypatch):
+    """A speed run made on CUDA is no CPU kind's row: it goes to the GPU table, with its GPU, the torch that ran
+    there, every run's training time and the command as the JSON tells it (--no-curve where no run has a curve)."""
+    (tmp_path / "speedrun-fast-cuda.json").write_text(json.dumps(_speedrun_report("cuda", 1)))
+    (tmp_path / "speedrun-fast-avx2.json").write_text(json.dumps(_speedrun_report("cpu", 8)))
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    cpu_rows = [line for line in render.cpu_kind_block().splitlines() if "`results/" in line]
+    gpu_rows = [line for line in render.gpu_block().splitlines() if "`results/" in line]
+    assert len(cpu_rows) == 1 and "speedrun-fast-avx2.json" in cpu_rows[0]
+    assert "`cifarkit speedrun --recipe fast --runs 2 --set train.device=cpu` " in cpu_rows[0]
+    assert len(gpu_rows) == 1 and gpu_rows[0].startswith("| NVIDIA H200 | 2.11.0+cu130 | `fast` training, fp16, ")
+    assert "training 6.0, 3.0 s by run" in gpu_rows[0]
+    assert "`cifarkit speedrun --recipe fast --runs 2 --set train.device=cuda --no-curve`" in gpu_rows[0]
+    assert "| 5.0 s / 8.0 s | NVIDIA H200 |" in render.speedrun_block()
+    (tmp_path / "speedrun-fast-cuda.json").unlink()
+    assert render.gpu_block().startswith("No GPU measured yet")
