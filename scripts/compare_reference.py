@@ -298,7 +298,9 @@ def code_version() -> dict:
 
 def kept_rounds(json_path: str | None, settings: dict) -> list[dict]:
     """The finished rounds of an earlier command that wrote `json_path` with the same settings: a comparison too
-    long for one sitting is finished by several commands, each round timed whole within one of them."""
+    long for one sitting is finished by several commands, each round timed whole within one of them. Where rounds
+    are kept, `settings["code"]` becomes the earlier record, of the same src/ tree, so that the results name the
+    commit the comparison began at rather than a later one whose src/ is the same."""
     if not json_path or not Path(json_path).is_file():
         return []
     previous = json.loads(Path(json_path).read_text())
@@ -316,6 +318,7 @@ def kept_rounds(json_path: str | None, settings: dict) -> list[dict]:
     if differing:
         sys.exit(f"--json {json_path} holds rounds of another comparison (it differs in {', '.join(differing)}); "
                  f"give another --json, or delete the file to start again")
+    settings["code"] = earlier["code"]
     return previous["rounds"]
 
 
@@ -432,6 +435,8 @@ def main() -> None:
                         save=lambda: write_json(args.json, result()) if args.json else None)
 
     final = result()
+    if args.json:  # also when every round was kept: the file then names the code as the rounds' first command did
+        write_json(args.json, final)
     print_table(final)
     if MUON in args.references and not args.subset:
         muon, mine = final["references"][MUON], final["cifarkit"]

@@ -107,6 +107,8 @@ def test_rounds_are_kept_only_from_the_same_comparison(tmp_path):
     rounds = [{"seed": 0, "order": ["cifarkit", "airbench94_muon"], "runs": {}, "finished": "2026-12-03T23:50:00"}]
     path.write_text(json.dumps({"settings": SETTINGS, "rounds": rounds}))
     assert compare.kept_rounds(str(path), json.loads(json.dumps(SETTINGS))) == rounds
+    later = {**SETTINGS, "code": {**SETTINGS["code"], "commit": "c000000"}}  # a later commit, the same src/ tree
+    assert compare.kept_rounds(str(path), later) == rounds and later["code"]["commit"] == "a958d0b"
     with pytest.raises(SystemExit, match=r"another comparison \(it differs in threads\); give another --json"):
         compare.kept_rounds(str(path), {**SETTINGS, "threads": 1})
     other_code = {**SETTINGS, "code": {"commit": "b000000", "src_tree": "2" * 40, "src_modified": False}}
