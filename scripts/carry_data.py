@@ -72,8 +72,11 @@ def unpack(folder: Path) -> Path:
     import torch
 
     from cifarkit.data import cifar10
-    recorded = json.loads(next(folder.glob("part*/content.json")).read_text())
-    labels = np.load(next(folder.glob("part*/labels.npz")))
+    last = next((f.parent for f in folder.glob("part*/content.json")), None)  # pack puts the records in the last part
+    if last is None:
+        sys.exit(f"unpack: no part in {folder} holds content.json: the last part is missing; carry every part again")
+    recorded = json.loads((last / "content.json").read_text())
+    labels = np.load(last / "labels.npz")
     tensors = {}
     for split in SPLITS:
         files = sorted(folder.glob(f"part*/{split}-*.webp"), key=lambda f: int(f.stem.split("-")[1]))

@@ -28,3 +28,6 @@ def test_packed_parts_rebuild_the_same_cache(cifar_home, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="not the packed .*: a part is missing or damaged"):
         carry.main(["unpack", str(packed)])
     assert not (there / "cifar10.safetensors").exists()
+    shutil.rmtree(packed / "part2")  # the part with the labels and the recorded hash
+    with pytest.raises(SystemExit, match="the last part is missing"):
+        carry.main(["unpack", str(packed)])
