@@ -1,17 +1,18 @@
 """Each 3x3 convolution of a model, forward and backward in fp32 on the CPU: oneDNN's direct kernel against
-Winograd's F(2x2, 3x3) (cifarkit.models.winograd) at several slice sizes, and the path fp32 training takes. Writes
-results/winograd-layers-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS), or --json PATH.
+Winograd's F(2x2, 3x3) and F(4x4, 3x3) (cifarkit.models.winograd) at several slice sizes, and the path fp32 training
+takes. Writes results/winograd-layers-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS), or --json PATH.
 
     python scripts/measure_winograd.py
     python scripts/measure_winograd.py --model fastnet_deep --tile-rows 1536 --rounds 5 --model-rounds 4
 
 The variants take turns within each round, so drift on a shared machine falls on each alike; the median over rounds
-is kept. Winograd computes even outputs: a pooled layer's cropped ones, otherwise its outputs rounded up to even
-(the extra row and column are waste). The first convolution gets no input gradient, as in training once the
-whitening bias freezes. Last, whole forward and backward passes of the model under each choice of layers
+is kept. Winograd computes whole blocks of outputs: a pooled layer's cropped ones, otherwise its outputs rounded up
+to whole blocks (the extra rows and columns are waste). The first convolution gets no input gradient, as in training
+once the whitening bias freezes. Last, whole forward and backward passes of the model under each choice of layers
 (`model_plans`), also taking turns: a layer's gain in the table need not survive in the whole network, where the
 layers share the caches. It runs on the allocator training runs on (core/allocator.py). layers.WINOGRAD_MAX_WIDTH,
-layers.WINOGRAD_UNPOOLED_WIDTHS and winograd.TILE_ROWS are chosen from these tables. Run it alone.
+layers.WINOGRAD_UNPOOLED_WIDTHS, layers.WINOGRAD_MAX_TILE and winograd.TILE_ROWS are chosen from these tables. Run it
+alone.
 """
 from __future__ import annotations
 
@@ -54,19 +55,26 @@ def seconds(compute, x: torch.Tensor, weight: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def winograd_variant(tile_rows: int, kept: int):
+def winograd_variant(outputs_per_tile: int, tile_rows: int, kept: int):
     def compute(x, weight):
-        winograd.TILE_ROWS = tile_rows
-        return winograd.WinogradConv3x3.apply(x, weight, kept, kept)
+        winograd.TILE_ROWS = winograd.TILE_ROWS | {outputs_per_tile: tile_rows}
+        return winograd.WinogradConv3x3.apply(x, weight, kept, kept, outputs_per_tile)
     return compute
+
+
+def variant_name(outputs_per_tile: int, tile_rows: int) -> str:
+    return f"winograd{outputs_per_tile}_{tile_rows}"
 
 
 def model_plans() -> dict[str, dict[str, object]]:
     """The layer choices compared on whole forward + backward passes: the layers.py settings of each."""
-    return {"onednn": {"WINOGRAD_MAX_WIDTH": 0, "WINOGRAD_UNPOOLED_WIDTHS": ()},
-            "pooled_only": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH, "WINOGRAD_UNPOOLED_WIDTHS": ()},
+    return {"onednn": {"WINOGRAD_MAX_WIDTH": 0, "WINOGRAD_UNPOOLED_WIDTHS": (), "WINOGRAD_MAX_TILE": 2},
+            # The plan before F(4x4, 3x3): F(2x2) on the pooled layers and the unpooled 7x7 one.
+            "f2_only": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH, "WINOGRAD_UNPOOLED_WIDTHS": (7,),
+                        "WINOGRAD_MAX_TILE": 2},
             "as_trained": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH,
-                           "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS}}
+                           "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS,
+                           "WINOGRAD_MAX_TILE": layers.WINOGRAD_MAX_TILE}}
 
 
 def whole_model(name: str, batch_size: int, rounds: int) -> dict:
@@ -108,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="fastnet")
     parser.add_argument("--batch-size", type=int, default=2000, help="images per step (fast's batch)")
-    parser.add_argument("--tile-rows", nargs="+", type=int, default=[768, 1536, 3072])
+    parser.add_argument("--tile-rows", nargs="+", type=int, default=[768, 1536, 3072],
+                        help="tiles a slice to time, besides winograd.TILE_ROWS")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model-rounds", type=int, default=6, help="rounds of the whole-model comparison")
     parser.add_argument("--json", type=Path, help="where to write the result; relative to the project")
@@ -122,9 +131,12 @@ def main(argv: list[str] | None = None) -> None:
         x.requires_grad_(index > 0)
         weight = conv.weight.detach().clone().requires_grad_()
         path = conv.train().path(x.detach().requires_grad_(index > 0))
-        kept = w - 1 if conv.pooled and w % 2 else w + w % 2
+        kept = w - 1 if conv.pooled and w % 2 else w
+        tile = layers.winograd_tile(kept)
         variants = {"onednn": lambda x, weight: F.conv2d(x, weight, padding=1)}
-        variants |= {f"winograd_{r}": winograd_variant(r, kept) for r in args.tile_rows}
+        # Each block size at the slice sizes asked for and at the one it ships with.
+        variants |= {variant_name(m, r): winograd_variant(m, r, kept) for m in winograd.TRANSFORMS
+                     for r in sorted({*args.tile_rows, chosen_rows[m]})}
         for compute in variants.values():  # warm-up: oneDNN picks its kernels, the allocator fills its caches
             seconds(compute, x, weight)
         samples = {name: [] for name in variants}
@@ -133,10 +145,12 @@ def main(argv: list[str] | None = None) -> None:
                 samples[name].append(seconds(compute, x, weight))
         medians = {name: statistics.median(s) for name, s in samples.items()}
         rows.append({"c_in": c_in, "c_out": conv.out_channels, "width": w, "pooled": conv.pooled,
-                     "input_gradient": index > 0, "winograd_outputs": kept, "fp32_training_path": path,
+                     "input_gradient": index > 0, "kept_outputs": kept, "winograd_tile": tile,
+                     "fp32_training_path": path,
                      "median_s": medians, "samples_s": samples})
         print(f"{c_in:4d} -> {conv.out_channels:4d} at {w:2d}x{w:<2d} {'pooled' if conv.pooled else '      '} "
-              f"({path}): " + ", ".join(f"{name} {1e3 * s:.0f} ms" for name, s in medians.items()), flush=True)
+              f"({path}, F({tile}x{tile})): " + ", ".join(f"{name} {1e3 * s:.0f} ms" for name, s in medians.items()),
+              flush=True)
     winograd.TILE_ROWS = chosen_rows
     model = whole_model(args.model, args.batch_size, args.model_rounds)
     kind = backends.cpu_kind()

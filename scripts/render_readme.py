@@ -553,34 +553,41 @@ def containers_block() -> str:
     return "\n".join(lines)
 
 
-PLAN_NAMES = {"onednn": "every layer on oneDNN", "pooled_only": "Winograd on the pooled layers only"}
+PLAN_NAMES = {"onednn": "every layer on oneDNN", "f2_only": "F(2x2, 3x3) alone, as before F(4x4, 3x3)"}
 
 
 def winograd_block() -> str:
-    """Each 3x3 layer's forward + backward time in fp32, oneDNN against Winograd, per CPU kind measured
-    (scripts/measure_winograd.py), and the path fp32 training takes there."""
+    """Each 3x3 layer's forward + backward time in fp32, oneDNN against Winograd's F(2x2, 3x3) and F(4x4, 3x3), per
+    CPU kind measured (scripts/measure_winograd.py), and the path fp32 training takes there."""
     parts = []
     for path in sorted(RESULTS.glob("winograd-layers-*.json")):
         result = json.loads(path.read_text())
-        sizes = sorted({int(name.removeprefix("winograd_")) for name in result["layers"][0]["median_s"]
-                        if name.startswith("winograd_")})
-        chosen = f"winograd_{result['tile_rows_chosen']}"
+        variants = [name.removeprefix("winograd").split("_") for name in result["layers"][0]["median_s"]
+                    if name != "onednn"]
+        variants = sorted((int(tile), int(rows)) for tile, rows in variants)
+        chosen_rows = {int(tile): rows for tile, rows in result["tile_rows_chosen"].items()}
         parts.append(f"{result['cpu_kind']}, {result['environment']['processor']}, `{result['model']}`, batch "
                      f"{result['batch_size']:,}, {result['threads']} threads, medians of {result['rounds']} "
                      f"interleaved rounds (`{result['command']}`, `results/{path.name}`):\n")
         parts.append("| layer | input gradient | fp32 training takes | oneDNN, ms | "
-                     + " | ".join(f"Winograd, {rows:,} tiles a slice, ms" for rows in sizes)
-                     + f" | oneDNN / Winograd ({result['tile_rows_chosen']:,}) |")
-        parts.append("|---|---|---|---:|" + "---:|" * len(sizes) + "---:|")
+                     + " | ".join(f"F({tile}x{tile}), {rows:,} tiles a slice, ms" for tile, rows in variants)
+                     + " | oneDNN / training's choice |")
+        parts.append("|---|---|---|---:|" + "---:|" * len(variants) + "---:|")
         for layer in result["layers"]:
-            medians = layer["median_s"]
-            shape = (f"{layer['c_in']} -> {layer['c_out']} at {layer['width']}x{layer['width']}"
-                     + (f", pooled ({layer['winograd_outputs']}x{layer['winograd_outputs']} kept)" if layer["pooled"]
-                        else f" ({layer['winograd_outputs']}x{layer['winograd_outputs']} by Winograd)"))
-            parts.append(f"| {shape} | {'yes' if layer['input_gradient'] else 'no'} | {layer['fp32_training_path']} | "
+            medians, tile, kept = layer["median_s"], layer["winograd_tile"], layer["kept_outputs"]
+            shape = f"{layer['c_in']} -> {layer['c_out']} at {layer['width']}x{layer['width']}"
+            if layer["pooled"]:
+                shape += f", pooled ({kept}x{kept} kept)"
+            blocks = tile * -(-kept // tile)
+            if blocks != kept:
+                shape += f" ({blocks}x{blocks} by F({tile}x{tile}))"
+            winograd = layer["fp32_training_path"] == "winograd"
+            takes = f"F({tile}x{tile}, 3x3)" if winograd else "oneDNN"
+            chosen = medians[f"winograd{tile}_{chosen_rows[tile]}"] if winograd else medians["onednn"]
+            parts.append(f"| {shape} | {'yes' if layer['input_gradient'] else 'no'} | {takes} | "
                          f"{1e3 * medians['onednn']:,.0f} | "
-                         + " | ".join(f"{1e3 * medians[f'winograd_{rows}']:,.0f}" for rows in sizes)
-                         + f" | {medians['onednn'] / medians[chosen]:.2f}x |")
+                         + " | ".join(f"{1e3 * medians[f'winograd{tile}_{rows}']:,.0f}" for tile, rows in variants)
+                         + f" | {medians['onednn'] / chosen:.2f}x |")
         if "whole_model" in result:
             whole = result["whole_model"]
             rounds = len(next(iter(whole["samples_s"].values())))

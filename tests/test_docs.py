@@ -47,30 +47,37 @@ def test_serving_goals_name_what_the_model_alone_allows():
 def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch):
     measure = load_script(ROOT / "scripts" / "measure_winograd.py")
     out = tmp_path / "winograd-layers-test.json"
-    chosen_rows = measure.winograd.TILE_ROWS
-    measure.main(["--model", "fastnet_proxy", "--batch-size", "2", "--tile-rows", "4", str(chosen_rows), "--rounds",
-                  "1", "--model-rounds", "2", "--json", str(out)])
+    chosen_rows = dict(measure.winograd.TILE_ROWS)
+    measure.main(["--model", "fastnet_proxy", "--batch-size", "2", "--tile-rows", "4", "--rounds", "1",
+                  "--model-rounds", "2", "--json", str(out)])
     result = json.loads(out.read_text())
     layers = result["layers"]
-    # fastnet_proxy's six 3x3 layers in forward order; the pooled 15 and 7 pixel ones and the unpooled 7 pixel one
-    # take Winograd in fp32 training.
+    # fastnet_proxy's six 3x3 layers in forward order; the pooled 15 and 7 pixel ones and the unpooled 7 and 3 pixel
+    # ones take Winograd in fp32 training, each with the block of fewest products.
     assert [(layer["width"], layer["pooled"], layer["fp32_training_path"]) for layer in layers] == [
         (31, True, "plain"), (15, False, "plain"), (15, True, "winograd"), (7, False, "winograd"),
-        (7, True, "winograd"), (3, False, "plain")]
-    assert [layer["winograd_outputs"] for layer in layers] == [30, 16, 14, 8, 6, 4]
+        (7, True, "winograd"), (3, False, "winograd")]
+    assert [layer["kept_outputs"] for layer in layers] == [30, 15, 14, 7, 6, 3]
+    assert [layer["winograd_tile"] for layer in layers] == [4, 4, 4, 4, 2, 4]
     assert [layer["input_gradient"] for layer in layers] == [False] + [True] * 5
+    # Every block size at the slice size asked for and at the one it ships with.
+    assert set(layers[0]["median_s"]) == {"onednn"} | {f"winograd{m}_{rows}" for m in chosen_rows
+                                                      for rows in (4, chosen_rows[m])}
     monkeypatch.setattr(render, "RESULTS", tmp_path)
     rows = [line for line in render.winograd_block().splitlines() if line.startswith("| ") and "->" in line]
     assert len(rows) == 6
-    onednn, chosen = (layers[2]["median_s"][name] for name in ("onednn", f"winograd_{chosen_rows}"))
-    assert rows[2].startswith("| 32 -> 64 at 15x15, pooled (14x14 kept) | yes | winograd |")
+    onednn, chosen = (layers[2]["median_s"][name] for name in ("onednn", f"winograd4_{chosen_rows[4]}"))
+    assert rows[2].startswith("| 32 -> 64 at 15x15, pooled (14x14 kept) (16x16 by F(4x4)) | yes | F(4x4, 3x3) |")
     assert rows[2].endswith(f"| {onednn / chosen:.2f}x |")
+    assert rows[0].startswith("| 24 -> 32 at 31x31, pooled (30x30 kept) (32x32 by F(4x4)) | no | oneDNN |")
+    assert rows[0].endswith("| 1.00x |")
     # The whole model under each choice of layers, in turns; the choices shipped in layers.py are back in place after.
     whole = result["whole_model"]
     assert {plan: len(samples) for plan, samples in whole["samples_s"].items()} == {
-        "onednn": 2, "pooled_only": 2, "as_trained": 2}
+        "onednn": 2, "f2_only": 2, "as_trained": 2}
     assert whole["plans"]["as_trained"]["WINOGRAD_UNPOOLED_WIDTHS"] == list(measure.layers.WINOGRAD_UNPOOLED_WIDTHS)
     assert measure.layers.WINOGRAD_MAX_WIDTH > 0 and measure.layers.WINOGRAD_UNPOOLED_WIDTHS
+    assert measure.layers.WINOGRAD_MAX_TILE == 4 and measure.winograd.TILE_ROWS == chosen_rows
     trained = whole["median_s"]["as_trained"]
     assert f"as fp32 training takes them {1e3 * trained:,.0f} ms." in render.winograd_block()
 

@@ -164,9 +164,9 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_pl
     torch.testing.assert_close(input_grad, ref_input_grad)
     # Both gradients are sums of bf16 products, rounded to bf16: equal to within a few of its ulps.
     torch.testing.assert_close(weight_grad, ref_weight_grad, rtol=2e-2, atol=2e-2 * ref_weight_grad.abs().max().item())
-    # fp32 training takes Winograd on the pooled layers it crops and on the unpooled 7x7 ones, and nothing else;
-    # evaluation, tracing and export see the plain convolution.
-    winograd_path = odd_pooled or (not pooled and width == 7)
+    # fp32 training takes Winograd on the pooled layers it crops and on the unpooled 7x7 and 3x3 ones, and nothing
+    # else; evaluation, tracing and export see the plain convolution.
+    winograd_path = odd_pooled or (not pooled and width in (3, 7))
     assert conv.path(x.requires_grad_()) == ("winograd" if winograd_path else "plain")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert conv.eval().path(x) == "plain"
@@ -178,18 +178,19 @@ def test_conv3x3_trains_like_conv2d_under_bf16_autocast(width, pooled, kernel_pl
 @pytest.mark.parametrize("width", [3, 7, 15, 16])
 @pytest.mark.parametrize("tile_rows", [1536, 5])
 @pytest.mark.parametrize("cropped_by_pool", [True, False])
+@pytest.mark.parametrize("outputs_per_tile", [2, 4])
 def test_winograd_convolution_equals_conv2d_on_its_outputs(memory_format, width, tile_rows, cropped_by_pool,
-                                                           monkeypatch):
+                                                           outputs_per_tile, monkeypatch):
     # Five tile rows: a slice of one image each, so the slices' sums and the overlapping tiles' gradients are tested.
-    # Kept outputs of odd size are computed rounded up to even and cropped.
-    monkeypatch.setattr(winograd, "TILE_ROWS", tile_rows)
+    # Kept outputs that the block size does not divide are computed rounded up to whole blocks and cropped.
+    monkeypatch.setattr(winograd, "TILE_ROWS", {outputs_per_tile: tile_rows})
     torch.manual_seed(0)
     kept = width - width % 2 if cropped_by_pool else width
     x = torch.randn(3, 5, width, width, dtype=torch.float64).contiguous(memory_format=memory_format)
     weight = torch.randn(7, 5, 3, 3, dtype=torch.float64)
     grad_output = torch.randn(3, 7, kept, kept, dtype=torch.float64)
     results = []
-    for compute in (lambda x, w: winograd.WinogradConv3x3.apply(x, w, kept, kept),
+    for compute in (lambda x, w: winograd.WinogradConv3x3.apply(x, w, kept, kept, outputs_per_tile),
                     lambda x, w: F.conv2d(x, w, padding=1)[..., :kept, :kept]):
         inputs, filters = x.clone().requires_grad_(), weight.clone().requires_grad_()
         out = compute(inputs, filters)
@@ -201,20 +202,46 @@ def test_winograd_convolution_equals_conv2d_on_its_outputs(memory_format, width,
 
 
 @pytest.mark.unit
-def test_winograd_skips_the_input_gradient_nobody_asked_for():
+@pytest.mark.parametrize("outputs_per_tile", [2, 4])
+def test_winograd_skips_the_input_gradient_nobody_asked_for(outputs_per_tile):
     x = torch.randn(2, 4, 7, 7)
     weight = torch.randn(6, 4, 3, 3, requires_grad=True)
-    winograd.WinogradConv3x3.apply(x, weight, 6, 6).sum().backward()
+    winograd.WinogradConv3x3.apply(x, weight, 6, 6, outputs_per_tile).sum().backward()
     expected = torch.autograd.grad(F.conv2d(x, weight, padding=1)[..., :6, :6].sum(), weight)[0]
     assert x.grad is None
     torch.testing.assert_close(weight.grad, expected, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("outputs_per_tile", sorted(winograd.TRANSFORMS))
+def test_winograd_transforms_as_programs_equal_their_matrices(outputs_per_tile):
+    # Each transform and its adjoint, run as the straight-line program with the butterflies taken out, equals the
+    # matrix product, written to new tensors, into given ones and added to them; and F(4x4)'s take fewer passes.
+    transform = winograd.TRANSFORMS[outputs_per_tile]
+    torch.manual_seed(0)
+    for matrix in (transform.input_rows, transform.output_rows):
+        for rows in (matrix, tuple(zip(*matrix))):
+            inputs = torch.randn(len(rows[0]), 3, 5, dtype=torch.float64)
+            expected = torch.tensor(rows, dtype=torch.float64) @ inputs.view(len(rows[0]), -1)
+            torch.testing.assert_close(torch.stack(winograd._apply(rows, list(inputs))).view(len(rows), -1), expected)
+            written = torch.ones(len(rows), 3, 5, dtype=torch.float64)
+            winograd._apply(rows, list(inputs), outs=list(written))
+            torch.testing.assert_close(written.view(len(rows), -1), expected)
+            winograd._apply(rows, list(inputs), outs=list(written), accumulate=True)
+            torch.testing.assert_close(written.view(len(rows), -1), 2 * expected)
+            # Operations: one per term, less one where a coefficient 1 lets two terms share an add.
+            code = winograd.program(rows)
+            plain = [tuple((c, k) for k, c in enumerate(row) if c) for row in rows]
+            operations = [sum(len(terms) - (len(terms) > 1 and any(c == 1 for c, _ in terms)) for terms in program)
+                          for program in (code.temporaries + code.outputs, plain)]
+            assert operations[0] < operations[1] if outputs_per_tile == 4 else operations[0] <= operations[1]
+
+
+@pytest.mark.unit
 def test_fastnet_trains_in_fp32_as_without_winograd(monkeypatch):
     # In fp32 training fastnet's pooled 15x15 and 7x7 layers compute their 14x14 and 6x6 outputs by Winograd, and its
-    # unpooled 7x7 layer its 8x8 ones, cropped to 7x7; the others stay on oneDNN. The loss and every gradient are
-    # those of the plain network.
+    # unpooled 7x7 and 3x3 layers their 8x8 and 4x4 ones, cropped; the others stay on oneDNN. The loss and every
+    # gradient are those of the plain network.
     torch.manual_seed(0)
     model = models.create("fastnet").train()
     convs = [m for m in model.modules() if isinstance(m, layers.Conv3x3)]
@@ -232,7 +259,10 @@ def test_fastnet_trains_in_fp32_as_without_winograd(monkeypatch):
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
     for hook in hooks:
         hook.remove()
-    assert paths == ["plain", "plain", "winograd", "winograd", "winograd", "plain"] + ["plain"] * 6
+    assert paths == ["plain", "plain", "winograd", "winograd", "winograd", "winograd"] + ["plain"] * 6
+    # F(4x4, 3x3) where its blocks need fewer products: 14x14 (16 tiles of 36 products against 49 of 16), 7x7 as
+    # 8x8, 3x3 as 4x4; F(2x2, 3x3) at the 6x6 tie.
+    assert [layers.winograd_tile(kept) for kept in (14, 7, 6, 3)] == [4, 4, 2, 4]
     (loss, grads), (plain_loss, plain_grads) = results
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
     for grad, plain in zip(grads, plain_grads, strict=True):

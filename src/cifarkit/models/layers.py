@@ -10,8 +10,9 @@ or AVX512-BF16 alone), so `KERNEL_PLANS` holds a plan per engine. The per-layer 
 CPU kinds they were taken on, are in docs/recipes-and-speed.md ("Kernel plans").
 
 In fp32 training on the CPU (where bf16 is not native) the pooled layers of odd width that the pool crops to an even
-one, and the unpooled layers of the widths where it was measured to pay, take Winograd's F(2x2, 3x3) instead
-(`models/winograd.py`): fewer multiplications where oneDNN's direct kernels already run near the fp32 matmul peak.
+one, and the unpooled layers of the widths where it was measured to pay, take Winograd's F(2x2, 3x3) or F(4x4, 3x3)
+instead (`models/winograd.py`), whichever needs fewer products for the layer's size: fewer multiplications where
+oneDNN's direct kernels already run near the fp32 matmul peak.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cifarkit.core.device import cpu_features
-from cifarkit.models.winograd import WinogradConv3x3
+from cifarkit.models.winograd import TRANSFORMS, WinogradConv3x3
 
 # Rows of the shifted-copy matrix per matmul: few enough that each matmul reads its copies while they are still in
 # cache (41 images at 7x7, 9 MB of copies for 256 channels, against 452 MB for the whole batch), enough that the
@@ -107,10 +108,19 @@ KERNEL_PLANS = {"amx": KernelPlan(8, 8, 0), "no_amx": KernelPlan(4, 8, 16)}
 # fp32 training: pooled layers of odd width up to this take Winograd on their cropped, even outputs. At 31 pixels
 # (24 input channels) oneDNN's direct kernel was the faster (docs/recipes-and-speed.md, "Kernel plans").
 WINOGRAD_MAX_WIDTH = 16
-# fp32 training: unpooled layers of these widths take Winograd on their outputs rounded up to even, then cropped. At
-# 7 pixels (256 channels) the rounding adds 31% to the products and Winograd was still the faster; at 3 pixels
-# (78% more) and at 15 (64 input channels) oneDNN was.
-WINOGRAD_UNPOOLED_WIDTHS = (7,)
+# fp32 training: unpooled layers of these widths take Winograd on their outputs rounded up to whole blocks, then
+# cropped. At 7 and 3 pixels (256 channels) F(4x4, 3x3) on 8x8 and 4x4 outputs was the faster; at 15 (64 input
+# channels) oneDNN was.
+WINOGRAD_UNPOOLED_WIDTHS = (7, 3)
+# fp32 training: the largest Winograd block (outputs a side) a layer may take; 2 is F(2x2, 3x3) alone.
+WINOGRAD_MAX_TILE = 4
+
+
+def winograd_tile(kept: int) -> int:
+    """The Winograd block with the fewest products for `kept` x `kept` outputs: (m + 2)^2 for each of the
+    ceil(kept / m)^2 blocks of m x m. A tie goes to the smaller block, whose transforms cost less per product:
+    fastnet's 14x14 and 8x8 (unpooled 7x7) outputs take F(4x4), its 6x6 ones F(2x2)."""
+    return min((m for m in TRANSFORMS if m <= WINOGRAD_MAX_TILE), key=lambda m: ((m + 2) * -(-kept // m), m))
 
 
 @functools.cache
@@ -131,7 +141,8 @@ class Conv3x3(nn.Conv2d):
         """How a call on `x` computes, here and now: "plain" (nn.Conv2d), "matmul" (the weight gradient by
         `weight_gradient_by_matmul`), "matmul-cropped" (the same on the pooled layer's kept rows and columns),
         "onednn-cropped" (oneDNN on a pad that crops them) or, in fp32, "winograd" (`WinogradConv3x3` on the kept
-        rows and columns, or on all of an unpooled layer's). Only training on the CPU leaves the plain path."""
+        rows and columns, or on all of an unpooled layer's, in blocks of `winograd_tile`). Only training on the CPU
+        leaves the plain path."""
         h, w = x.shape[-2:]
         if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"):
             return "plain"
@@ -156,7 +167,7 @@ class Conv3x3(nn.Conv2d):
         if path == "winograd":
             h, w = x.shape[-2:]
             crop = int(self.pooled)  # a pooled layer's path is Winograd only where its size is odd
-            return WinogradConv3x3.apply(x, self.weight, h - crop, w - crop)
+            return WinogradConv3x3.apply(x, self.weight, h - crop, w - crop, winograd_tile(max(h, w) - crop))
         # The input cast autocast would make inside conv2d, made here.
         with torch.autocast("cpu", enabled=False):
             low = x.to(torch.bfloat16)
