@@ -67,11 +67,10 @@ def _slices(images: int, tiles_per_image: int, outputs_per_tile: int) -> list[tu
     return [(start, min(images, start + step)) for start in range(0, images, step)]
 
 
-def _combine(coefficients: Sequence[float], tensors: Sequence[torch.Tensor],
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """The sum of c * t over the nonzero coefficients, into `out` or a new tensor (a lone term of coefficient 1 is
-    returned as it is): one pass per term, the first two in one where a coefficient is 1."""
-    terms = sorted(((c, t) for c, t in zip(coefficients, tensors, strict=True) if c), key=lambda term: term[0] != 1)
+def _combine(terms: Sequence[tuple[float, torch.Tensor]], out: torch.Tensor | None = None) -> torch.Tensor:
+    """The sum of c * t over the terms (c, t) of nonzero c, into `out` or a new tensor (a lone term of coefficient 1
+    is returned as it is): one pass per term, the first two in one where a coefficient is 1."""
+    terms = sorted(((c, t) for c, t in terms if c), key=lambda term: term[0] != 1)
     (first_coefficient, first), rest = terms[0], terms[1:]
     if first_coefficient == 1 and rest:
         coefficient, tensor = rest.pop(0)
@@ -153,15 +152,14 @@ def _apply(matrix: Matrix, inputs: Sequence[torch.Tensor], outs: Sequence[torch.
     code = program(matrix)
     slots = list(inputs)
     for terms in code.temporaries:
-        slots.append(_combine([c for c, _ in terms], [slots[k] for _, k in terms]))
+        slots.append(_combine([(c, slots[k]) for c, k in terms]))
     results = []
     for index, terms in enumerate(code.outputs):
         if accumulate:
             for coefficient, slot in terms:
                 outs[index].add_(slots[slot], alpha=coefficient)
         else:
-            results.append(_combine([c for c, _ in terms], [slots[k] for _, k in terms],
-                                    out=None if outs is None else outs[index]))
+            results.append(_combine([(c, slots[k]) for c, k in terms], out=None if outs is None else outs[index]))
     return results
 
 
