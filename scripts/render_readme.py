@@ -222,7 +222,10 @@ def _precision(report: dict) -> str:
 
 
 def _speedrun_command(report: dict) -> str:
-    """The command as far as the JSON tells it: its overrides, and --no-curve where no run has a per-epoch curve."""
+    """The command the JSON records; from files written before it did, as far as they tell it: the overrides, and
+    --no-curve where no run has a per-epoch curve."""
+    if report.get("command"):
+        return f"`{report['command']}`"
     overrides = "".join(f" --set {o}" for o in report["overrides"])
     no_curve = " --no-curve" if all(len(r.get("curve", [])) <= 1 for r in report["runs"]) else ""
     return f"`cifarkit speedrun --recipe {report['recipe']} --runs {report['accuracy']['n']}{overrides}{no_curve}`"

@@ -1,5 +1,6 @@
 """The command line as a newcomer meets it: one line for every problem, with its exit code, a status line for every
 long step, help for every option. Each case goes through the real `cifarkit` entry point."""
+import argparse
 import fcntl
 import json
 import logging
@@ -13,12 +14,14 @@ import subprocess
 import sys
 import termios
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from cifarkit.cli import main, options
+from cifarkit.cli.common import command_line
 from cifarkit.cli.data import GRID_MAX
 from cifarkit.core import device
 from cifarkit.data import cifar10, loader
@@ -270,6 +273,13 @@ def test_speedrun_takes_the_training_shortcuts(cifar_home, tmp_path, capsys):
     assert report["recipe"] == "simplecnn"
     assert report["overrides"] == ["train.epochs=1", "train.batch_size=50", "data.subset=200"]
     assert json.loads((out / "seed0" / "summary.json").read_text())["epochs"] == 1
+
+
+def test_a_recorded_command_line_holds_no_absolute_path(tmp_path):
+    inside = Path.cwd() / "results" / "profile.json"
+    argv = ["profile", f"--json={tmp_path / 'p.json'}", "--out", str(tmp_path / "run"), str(inside), "--steps", "2"]
+    assert command_line(argparse.Namespace(argv=argv)) == \
+        "cifarkit profile --json=p.json --out run results/profile.json --steps 2"
 
 
 def test_a_speedrun_into_the_same_folder_keeps_the_seeds_that_finished(cifar_home, tmp_path, capsys):

@@ -182,6 +182,12 @@ def test_speedrun_command(cifar_home, tmp_path, capsys):
     assert report["accuracy"]["n"] == 2 and "wall_time_s" in report["timer_covers"]
     assert (out / "speedrun.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "speedrun.json").read_text())["runs"] == report["runs"]
+    # The command as typed, its paths outside the working folder cut to their names, and the README shows it.
+    typed = ("cifarkit speedrun --recipe simplecnn --runs 2 --target 0.1 --set train.epochs=2 --set data.subset=500 "
+             "--out speed --json s.json")
+    assert report["command"] == json.loads((out / "speedrun.json").read_text())["command"] == typed
+    render = load_script(ROOT / "scripts" / "render_readme.py")
+    assert render._speedrun_command(report) == f"`{typed}`"
 
 
 def test_fastnet_convolutions_start_as_partial_identities():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from cifarkit.core.errors import CifarkitError
 
@@ -19,6 +20,17 @@ def print_json(obj) -> None:
 
 def plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command as typed, for a results file that may be committed: an absolute path (alone or after `--opt=`)
+    becomes relative to the working folder, or just its name, as every path such a file records."""
+    from cifarkit.core.files import portable
+
+    def shareable(word: str) -> str:
+        option, equals, value = word.rpartition("=") if word.startswith("--") else ("", "", word)
+        return option + equals + (portable(value) if os.path.isabs(value) else value)
+    return " ".join(["cifarkit", *map(shareable, args.argv)])
 
 
 # Recipe fields with an option of their own in `train` and `speedrun`: option -> (recipe key, type or choices, help).

@@ -3,7 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cifarkit.cli.common import DEFAULT_RECIPE, DEVICES, add_recipe_options, bounded, command, overrides, plural
+from cifarkit.cli.common import (
+    DEFAULT_RECIPE,
+    DEVICES,
+    add_recipe_options,
+    bounded,
+    command,
+    command_line,
+    overrides,
+    plural,
+)
 
 BENCH_MODES = ["fp32", "bf16+cl"]  # bench's default: a CPU's plain and fast training
 
@@ -67,7 +76,7 @@ def _bench_devices(args) -> None:
     if args.json:
         chart = Path(args.json).with_suffix(".png")
         device_speedups(result, chart)
-        write_json(args.json, {"environment": env, "command": "cifarkit " + " ".join(args.argv), **result})
+        write_json(args.json, {"environment": env, "command": command_line(args), **result})
         print(f"wrote {args.json} and {chart}")
 
 
@@ -88,7 +97,7 @@ def _bench_scaling(args) -> None:
     print(f"evaluation on rank 0 alone: {result['eval_images_per_s']:.0f} img/s, "
           f"{result['eval_images'] / result['eval_images_per_s']:.1f} s per pass over {result['eval_images']:,} images")
     if args.json:
-        write_json(args.json, {"environment": env, "command": "cifarkit " + " ".join(args.argv), "scaling": result})
+        write_json(args.json, {"environment": env, "command": command_line(args), "scaling": result})
         print(f"wrote {args.json}")
 
 
@@ -99,7 +108,7 @@ def cmd_profile(args) -> None:
     result = profiling.run(load_recipe(args.recipe or DEFAULT_RECIPE, overrides(args)), args.steps)
     print(profiling.table(result))
     if args.json:
-        write_json(args.json, {"command": "cifarkit " + " ".join(args.argv), **result})
+        write_json(args.json, {"command": command_line(args), **result})
         print(f"wrote {args.json}")
 
 
@@ -110,7 +119,8 @@ def cmd_speedrun(args) -> None:
     check_seed(args.first_seed, "--first-seed")
     check_seed(args.first_seed + args.runs - 1, "the last seed, --first-seed + --runs - 1")
     report = speedrun.run(args.recipe or DEFAULT_RECIPE, args.runs, args.target, Path(args.out) if args.out else None,
-                          args.first_seed, curve=not args.no_curve, overrides=tuple(overrides(args)))
+                          args.first_seed, curve=not args.no_curve, overrides=tuple(overrides(args)),
+                          command=command_line(args))
     print(speedrun.table(report))
     print(f"timer: {report['timer_covers']}")
     print(f"wrote {report['out_dir']}/speedrun.json and speedrun.png")

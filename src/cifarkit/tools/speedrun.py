@@ -82,7 +82,7 @@ def _probe(recipe) -> dict:
 
 
 def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None, first_seed: int = 0,
-        curve: bool = True, overrides: tuple = ()) -> dict:
+        curve: bool = True, overrides: tuple = (), command: str | None = None) -> dict:
     out_dir = out_dir or Path("runs") / f"speedrun-{Path(recipe_name).stem}-{datetime.now():%Y%m%d-%H%M%S}"
     # Every seed's recipe is checked before the first run trains: a bad value fails now, not an hour in.
     recipes = {seed: load_recipe(recipe_name, list(overrides) + [f"train.seed={seed}"]
@@ -123,7 +123,7 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
     walls = [r["wall_time_s"] for r in results]
     evals = "a test evaluation after every epoch" if curve else "no per-epoch evaluation"
     report = {
-        "recipe": recipe_name, "overrides": list(overrides), "target": target,
+        "command": command, "recipe": recipe_name, "overrides": list(overrides), "target": target,
         "timer_covers": TIMER_COVERS.format(evals=evals, tta=" with TTA" if recipe.train.tta else ""),
         "accuracy": statistics_against(accuracies, target),
         "wall_time_s": {"mean": statistics.fmean(walls), "max": max(walls), "min": min(walls)},
