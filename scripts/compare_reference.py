@@ -322,16 +322,18 @@ def kept_rounds(json_path: str | None, settings: dict) -> list[dict]:
     return previous["rounds"]
 
 
-def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed: int, run_side, save) -> None:
+def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed: int, run_side, save,
+                    commit: str) -> None:
     """Run the rounds that `rounds` lacks of `runs`, in their ABBA order and with their seeds, each side by
-    `run_side(side, seed)`; `save()` after every round, so that a command stopped later keeps what finished."""
+    `run_side(side, seed)`; `save()` after every round, so that a command stopped later keeps what finished. Each
+    round records `commit`, the checkout that ran it: its src/ is the comparison's, but its scripts may be later."""
     for number, order in enumerate(round_orders(sides, runs)[len(rounds):], start=len(rounds)):
         seed, rows = first_seed + number, {}
         for side in order:
             row = rows[side] = run_side(side, seed)
             print(f"round {number + 1}, {side} seed {seed}: {100 * row['test_acc']:.2f}%, {row['wall_time_s']:.1f} "
                   f"s whole, {row['train_time_s']:.1f} s training", file=sys.stderr)
-        rounds.append({"seed": seed, "order": order, "runs": rows,
+        rounds.append({"seed": seed, "order": order, "runs": rows, "commit": commit,
                        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
         save()
 
@@ -388,6 +390,7 @@ def main() -> None:
                 "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
                 "muon_sha256": hashlib.sha256(muon_file.read_bytes()).hexdigest() if muon_file else None,
                 "code": code_version()}
+    checkout = settings["code"]["commit"]  # before kept_rounds, which may name the comparison's first commit there
     rounds = kept_rounds(args.json, settings)
     if rounds:
         print(f"keeping {len(rounds)} round(s) from {args.json} (the last finished {rounds[-1]['finished']})",
@@ -432,7 +435,7 @@ def main() -> None:
             return {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
 
         complete_rounds(rounds, sides, args.runs, args.first_seed, run_side,
-                        save=lambda: write_json(args.json, result()) if args.json else None)
+                        save=lambda: write_json(args.json, result()) if args.json else None, commit=checkout)
 
     final = result()
     if args.json:  # also when every round was kept: the file then names the code as the rounds' first command did

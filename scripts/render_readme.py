@@ -474,7 +474,8 @@ def _reference_comparison(result: dict) -> str:
                          for name, side in [("cifarkit", ours), *result["references"].items()])
     lines += ["", f"Read from each timed process: {observed}."]
     if "settings" in result:  # the script's rounds form, which a later command may extend
-        finished = ", ".join(r["finished"].replace("T", " ").removesuffix("+00:00") for r in result["rounds"])
+        finished = ", ".join(r["finished"].replace("T", " ").removesuffix("+00:00")
+                             + (f" (run from {r['commit']})" if "commit" in r else "") for r in result["rounds"])
         lines.append(f"cifarkit's src/ at commit {result['settings']['code']['commit']}; the rounds finished at "
                      f"{finished} UTC.")
         if len(result["rounds"]) < _rounds_asked(result):

@@ -74,10 +74,11 @@ def fake_side(side, seed):
 def test_a_later_command_runs_only_the_missing_rounds_in_abba_order(tmp_path):
     sides, saved = ["cifarkit", "airbench94_muon"], []
     rounds = []
-    compare.complete_rounds(rounds, sides, 1, 0, fake_side, save=lambda: saved.append(len(rounds)))
+    compare.complete_rounds(rounds, sides, 1, 0, fake_side, save=lambda: saved.append(len(rounds)), commit="a958d0b")
     assert saved == [1]
-    compare.complete_rounds(rounds, sides, 3, 0, fake_side, save=lambda: saved.append(len(rounds)))
+    compare.complete_rounds(rounds, sides, 3, 0, fake_side, save=lambda: saved.append(len(rounds)), commit="c000000")
     assert saved == [1, 2, 3]
+    assert [r["commit"] for r in rounds] == ["a958d0b", "c000000", "c000000"]
     assert [r["order"] for r in rounds] == compare.round_orders(sides, 3)
     assert [r["seed"] for r in rounds] == [0, 1, 2]
     muon_file = tmp_path / "airbench94_muon.py"
@@ -97,7 +98,7 @@ def test_a_stopped_command_keeps_the_rounds_that_finished():
         return fake_side(side, seed)
     with pytest.raises(KeyboardInterrupt):
         compare.complete_rounds(rounds, ["cifarkit", "airbench94_muon"], 3, 0, dies_in_round_two,
-                                save=lambda: saved.append([r["seed"] for r in rounds]))
+                                save=lambda: saved.append([r["seed"] for r in rounds]), commit="a958d0b")
     assert saved == [[0]] and len(rounds) == 1
 
 
@@ -128,6 +129,9 @@ def test_the_table_names_the_code_and_when_each_round_finished():
     block = render._reference_comparison({**result, "settings": SETTINGS, "rounds": rounds})
     assert ("cifarkit's src/ at commit a958d0b; the rounds finished at 2026-12-03 23:50:00, 2026-12-04 09:10:00 UTC."
             in block)
+    rounds[1]["commit"] = "c000000"  # a later checkout of the same src/ added the round (older files record none)
+    block = render._reference_comparison({**result, "settings": SETTINGS, "rounds": rounds})
+    assert "finished at 2026-12-03 23:50:00, 2026-12-04 09:10:00 (run from c000000) UTC." in block
 
 
 def test_an_unfinished_comparison_says_how_many_rounds_it_holds_and_how_to_finish():
