@@ -582,10 +582,10 @@ def winograd_block() -> str:
             shape = f"{layer['c_in']} -> {layer['c_out']} at {layer['width']}x{layer['width']}"
             if layer["pooled"]:
                 shape += f", pooled ({kept}x{kept} kept)"
-            blocks = tile * -(-kept // tile)
-            if blocks != kept:
-                shape += f" ({blocks}x{blocks} by F({tile}x{tile}))"
             winograd = layer["fp32_training_path"] == "winograd"
+            blocks = tile * -(-kept // tile)
+            if winograd and blocks != kept:  # the outputs Winograd computes and crops, where training takes it
+                shape += f" ({blocks}x{blocks} by F({tile}x{tile}))"
             takes = f"F({tile}x{tile}, 3x3)" if winograd else "oneDNN"
             chosen = medians[f"winograd{tile}_{chosen_rows[tile]}"] if winograd else medians["onednn"]
             parts.append(f"| {shape} | {'yes' if layer['input_gradient'] else 'no'} | {takes} | "
