@@ -6,6 +6,7 @@ summary.json. The test set is only ever measured; when a checkpoint is chosen, i
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import logging
 import shlex
@@ -67,9 +68,9 @@ def _read_metrics(path: Path, up_to_epoch: int) -> list[dict]:
 
 def _versions() -> dict:
     import numpy
-    import torchvision
+    # From its installed metadata: importing torchvision only to read its version would add its import to every run.
     return {"cifarkit": VERSION, "torch": str(torch.__version__),
-            "torchvision": str(torchvision.__version__), "numpy": numpy.__version__}
+            "torchvision": importlib.metadata.version("torchvision"), "numpy": numpy.__version__}
 
 
 @dataclass
