@@ -148,9 +148,9 @@ def main(argv: list[str] | None = None) -> None:
                      "input_gradient": index > 0, "kept_outputs": kept, "winograd_tile": tile,
                      "fp32_training_path": path,
                      "median_s": medians, "samples_s": samples})
+        takes = f"{path}, F({tile}x{tile})" if path == "winograd" else path  # a block only where one is taken
         print(f"{c_in:4d} -> {conv.out_channels:4d} at {w:2d}x{w:<2d} {'pooled' if conv.pooled else '      '} "
-              f"({path}, F({tile}x{tile})): " + ", ".join(f"{name} {1e3 * s:.0f} ms" for name, s in medians.items()),
-              flush=True)
+              f"({takes}): " + ", ".join(f"{name} {1e3 * s:.0f} ms" for name, s in medians.items()), flush=True)
     winograd.TILE_ROWS = chosen_rows
     model = whole_model(args.model, args.batch_size, args.model_rounds)
     kind = backends.cpu_kind()
