@@ -21,6 +21,7 @@ from cifarkit.core.files import write_text
 from cifarkit.inference import backends
 from cifarkit.release.compare import compare
 from cifarkit.tools.benchmark import device_table
+from cifarkit.tools.speedrun import difference_of_means
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -470,6 +471,8 @@ def _reference_comparison(result: dict) -> str:
         lines.append(f"| {name} (`{side['source'].split(',')[0]}`) | {side['accuracy']['n']} | | "
                      f"{100 * side['accuracy']['mean']:.2f}% | {side['wall_time_s'] / 60:.1f} min | "
                      f"{side['train_time_s'] / 60:.1f} min | {ratios[0]} | {ratios[1]} |")
+    lines += ["", *(_accuracy_difference(result["recipe"], ours["runs"], name, side["runs"])
+                    for name, side in result["references"].items())]
     observed = "; ".join(f"{name}: " + ", ".join(sorted({_observed(run) for run in side["runs"]}))
                          for name, side in [("cifarkit", ours), *result["references"].items()])
     lines += ["", f"Read from each timed process: {observed}."]
@@ -482,6 +485,18 @@ def _reference_comparison(result: dict) -> str:
             lines.append(f"Unfinished: {_rounds_done(result)} so far. The same command, on this CPU kind with the "
                          f"same src/, allocator and threads, runs the rest and keeps these.")
     return "\n".join(lines)
+
+
+def _accuracy_difference(recipe: str, ours: list[dict], name: str, theirs: list[dict]) -> str:
+    """`recipe`'s mean accuracy minus a reference's, as shipped and with the reference's 6 views, with the intervals
+    that say whether a handful of runs can tell the difference from zero."""
+    cells = []
+    for label, key in (("its own TTA", "test_acc"), ("6 views", "test_acc_6_views")):
+        difference = difference_of_means([r[key] for r in ours], [r["test_acc"] for r in theirs])
+        interval = difference["ci95"]
+        cells.append(f"{label} {100 * difference['difference']:+.2f} points" + (
+            f" (95% Welch interval {100 * interval[0]:+.2f} to {100 * interval[1]:+.2f})" if interval else ""))
+    return f"Mean test accuracy, `{recipe}` minus {name}: {'; '.join(cells)}."
 
 
 def _rounds_asked(result: dict) -> int:

@@ -57,6 +57,21 @@ def test_readme_block_renders_a_real_result(tmp_path, monkeypatch):
     assert "airbench94_muon: float32, Newton-Schulz float32, tcmalloc, 2 threads" in block
 
 
+def test_the_block_gives_the_accuracy_difference_with_its_interval_where_there_are_rounds_enough():
+    result = json.loads((ROOT / "tests" / "fixtures" / "compare-reference-subset.json").read_text())
+    ours, theirs = result["cifarkit"]["runs"][0], result["references"]["airbench94_muon"]["runs"][0]
+    one_round = (f"Mean test accuracy, `fast` minus airbench94_muon: "
+                 f"its own TTA {100 * (ours['test_acc'] - theirs['test_acc']):+.2f} points; "
+                 f"6 views {100 * (ours['test_acc_6_views'] - theirs['test_acc']):+.2f} points.")
+    assert one_round in render._reference_comparison(result)
+    # Three and four runs whose Welch interval is +0.10 to +0.90 points (tests/test_fast.py checks the arithmetic).
+    result["cifarkit"]["runs"] = [{**ours, "test_acc": a, "test_acc_6_views": a} for a in (0.941, 0.943, 0.939)]
+    result["references"]["airbench94_muon"]["runs"] = [{**theirs, "test_acc": a}
+                                                       for a in (0.937, 0.935, 0.934, 0.938)]
+    assert ("its own TTA +0.50 points (95% Welch interval +0.10 to +0.90); 6 views +0.50 points (95% Welch "
+            "interval +0.10 to +0.90)." in render._reference_comparison(result))
+
+
 SETTINGS = {"recipe": "fast", "references": ["airbench94_muon"], "first_seed": 0, "subset": None, "cpu_kind": "avx2",
             "processor": "AMD EPYC", "threads": 2, "precision_policy": "fp32", "newton_schulz_dtype": "float32",
             "preloaded_by_all": "libtcmalloc_minimal.so.4", "muon_sha256": "704e2925",

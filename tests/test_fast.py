@@ -11,7 +11,7 @@ from cifarkit.data import cifar10, loader
 from cifarkit.data.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig
 from cifarkit.models.layers import Conv3x3
 from cifarkit.tools import profiling
-from cifarkit.tools.speedrun import statistics_against
+from cifarkit.tools.speedrun import difference_of_means, statistics_against
 from cifarkit.training import train
 from cifarkit.training.config import load_recipe
 from cifarkit.training.engine import evaluate, tta_views
@@ -143,6 +143,15 @@ def test_statistics_against_a_target():
     assert result["p_value_mean_above_target"] == pytest.approx(0.1151, abs=2e-4)
     assert result["ci95"] == pytest.approx([0.941 - 0.001963, 0.941 + 0.001963], abs=2e-6)
     assert statistics_against([0.95], 0.94)["std"] is None
+
+
+def test_difference_of_means_has_the_welch_interval():
+    result = difference_of_means([0.941, 0.943, 0.939], [0.938, 0.936, 0.935, 0.939])
+    # Standard errors squared 4e-6 / 3 and 3.333e-6 / 4: Welch-Satterthwaite gives 4.19 degrees of freedom, t = 2.727,
+    # half-width 2.727 * sqrt(2.1667e-6) = 0.004015 around 0.004; a pooled-variance one would be 0.003725.
+    assert result["difference"] == pytest.approx(0.004)
+    assert result["ci95"] == pytest.approx([0.004 - 0.004015, 0.004 + 0.004015], abs=2e-6)
+    assert difference_of_means([0.94], [0.93, 0.95]) == {"difference": pytest.approx(0.0), "ci95": None}
 
 
 def test_fast_recipe_smoke_one_epoch(cifar_home, tmp_path):

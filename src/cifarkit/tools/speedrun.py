@@ -52,6 +52,17 @@ def statistics_against(accuracies: list[float], target: float) -> dict:
             "ci95_clipped": (low, high) != (mean - half, mean + half), "p_value_mean_above_target": p_value}
 
 
+def difference_of_means(first: list[float], second: list[float]) -> dict:
+    """`first`'s mean minus `second`'s, with the 95% Welch interval (None with fewer than 2 values on a side): two
+    programs' runs are independent samples, and their spreads need not be equal."""
+    from scipy import stats
+    difference = statistics.fmean(first) - statistics.fmean(second)
+    if min(len(first), len(second)) < 2:
+        return {"difference": difference, "ci95": None}
+    interval = stats.ttest_ind(first, second, equal_var=False).confidence_interval(0.95)
+    return {"difference": difference, "ci95": [float(interval.low), float(interval.high)]}
+
+
 def _finished_earlier(run_dir: Path, recipe) -> dict | None:
     """The summary of this seed's run if an earlier speed run into the same folder finished it, else None. So a long
     speed run can be finished by several commands: each run was timed whole, on its own, and its figures stand. A run
