@@ -376,7 +376,7 @@ def main() -> None:
     from cifarkit.core import allocator, device
     from cifarkit.core.files import portable, write_json
     from cifarkit.inference import backends
-    from cifarkit.tools.speedrun import difference_of_means
+    from cifarkit.tools.speedrun import describe_difference, difference_of_means
     from cifarkit.training import optim
     cpu = torch.device("cpu")
     precision = device.pick_precision("auto", cpu).name
@@ -449,9 +449,7 @@ def main() -> None:
         print(f"goal ({args.recipe} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
               f"{'met' if met else 'not met'}")
         difference = difference_of_means([r["test_acc"] for r in mine["runs"]], [r["test_acc"] for r in muon["runs"]])
-        interval = (f" (95% Welch interval {100 * difference['ci95'][0]:+.2f} to {100 * difference['ci95'][1]:+.2f})"
-                    if difference["ci95"] else "")
-        print(f"mean accuracy, {args.recipe} minus {MUON}: {100 * difference['difference']:+.2f} points{interval}")
+        print(f"mean accuracy, {args.recipe} minus {MUON}: {describe_difference(difference)}")
     if args.json:
         print(f"wrote {args.json}")
 

@@ -21,7 +21,7 @@ from cifarkit.core.files import write_text
 from cifarkit.inference import backends
 from cifarkit.release.compare import compare
 from cifarkit.tools.benchmark import device_table
-from cifarkit.tools.speedrun import difference_of_means
+from cifarkit.tools.speedrun import describe_difference, difference_of_means
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
@@ -493,9 +493,7 @@ def _accuracy_difference(recipe: str, ours: list[dict], name: str, theirs: list[
     cells = []
     for label, key in (("its own TTA", "test_acc"), ("6 views", "test_acc_6_views")):
         difference = difference_of_means([r[key] for r in ours], [r["test_acc"] for r in theirs])
-        interval = difference["ci95"]
-        cells.append(f"{label} {100 * difference['difference']:+.2f} points" + (
-            f" (95% Welch interval {100 * interval[0]:+.2f} to {100 * interval[1]:+.2f})" if interval else ""))
+        cells.append(f"{label} {describe_difference(difference)}")
     return f"Mean test accuracy, `{recipe}` minus {name}: {'; '.join(cells)}."
 
 

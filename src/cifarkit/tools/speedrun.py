@@ -63,6 +63,13 @@ def difference_of_means(first: list[float], second: list[float]) -> dict:
     return {"difference": difference, "ci95": [float(interval.low), float(interval.high)]}
 
 
+def describe_difference(difference: dict) -> str:
+    """A difference_of_means of accuracies in points, with its interval where there is one."""
+    interval = difference["ci95"]
+    return f"{100 * difference['difference']:+.2f} points" + (
+        f" (95% Welch interval {100 * interval[0]:+.2f} to {100 * interval[1]:+.2f})" if interval else "")
+
+
 def _finished_earlier(run_dir: Path, recipe) -> dict | None:
     """The summary of this seed's run if an earlier speed run into the same folder finished it, else None. So a long
     speed run can be finished by several commands: each run was timed whole, on its own, and its figures stand. A run
