@@ -386,8 +386,8 @@ def main() -> None:
     environment = device.report(cpu)
     settings = {"recipe": args.recipe, "references": args.references, "first_seed": args.first_seed,
                 "subset": args.subset, "cpu_kind": backends.cpu_kind(), "processor": environment["processor"],
-                "threads": torch.get_num_threads(), "precision_policy": precision,
-                "newton_schulz_dtype": newton_schulz,
+                "cpu_model": environment.get("cpu_model"), "threads": torch.get_num_threads(),
+                "precision_policy": precision, "newton_schulz_dtype": newton_schulz,
                 "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
                 "muon_sha256": hashlib.sha256(muon_file.read_bytes()).hexdigest() if muon_file else None,
                 "code": code_version()}

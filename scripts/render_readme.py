@@ -112,7 +112,7 @@ def bench_block() -> str:
     modes = " ".join(dict.fromkeys(r["mode"] for r in bench["results"]))
     command = (f"cifarkit bench --models {model_names} --modes {modes} --batch-size {bench['batch_size']} "
                f"--steps {bench['steps']} --rounds {bench['rounds']} --json results/bench-train-cpu.json")
-    lines = [f"{env['processor']}, {env['threads']} threads, torch {env['torch']}, memory allocator "
+    lines = [f"{processor_of(env)}, {env['threads']} threads, torch {env['torch']}, memory allocator "
              f"{env['allocator']}; batch {bench['batch_size']}, median of {bench['rounds']} interleaved rounds of "
              f"{bench['steps']} steps (`{command}`).", "",
              f"| model | mode | training img/s | vs {baseline} |", "|---|---|---:|---:|"]
@@ -158,7 +158,7 @@ def cpu_kind_block() -> str:
     for path, report in fast_speedruns("cpu"):
         acc, wall = report["accuracy"], report["wall_time_s"]
         environment = report["environment"]
-        lines.append(f"| {cpu_kind_of(environment)} | {environment['processor']} | `fast` training, "
+        lines.append(f"| {cpu_kind_of(environment)} | {processor_of(environment)} | `fast` training, "
                      f"{_precision(report)} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
                      f"{wall['mean'] / 60:.1f} min mean wall time | {_speedrun_command(report)} "
                      f"(`results/{path.name}`) |")
@@ -170,7 +170,7 @@ def cpu_kind_block() -> str:
         against = "; ".join(f"{side['speedup']['whole_process']['mean']:.2f}x as fast as {name} (whole process, "
                             f"{100 * side['accuracy']['mean']:.2f}% there)"
                             for name, side in compared["references"].items())
-        lines.append(f"| {compared['cpu_kind']} | {compared['environment']['processor']} | `fast` training, "
+        lines.append(f"| {compared['cpu_kind']} | {processor_of(compared['environment'])} | `fast` training, "
                      f"{compared['precision_policy']}{_code_of(compared)} | {100 * ours['accuracy']['mean']:.2f}% mean "
                      f"test accuracy (n = {_rounds_done(compared)}; "
                      f"{100 * ours['accuracy_6_views']['mean']:.2f}% with 6 TTA views), "
@@ -182,7 +182,7 @@ def cpu_kind_block() -> str:
         step = statistics.fmean(r["step_s"] for r in after)
         half = ab.get("speedup_ci95_half_width")
         spread = f", 95% CI +- {half:.2f}" if half is not None else ""
-        lines.append(f"| {ab['cpu_kind']} | {ab['environment']['processor']} | `fast` training step, "
+        lines.append(f"| {ab['cpu_kind']} | {processor_of(ab['environment'])} | `fast` training step, "
                      f"{after[0]['precision']}, batch 2,000, {after[0]['allocator']} | {step:.1f} s per step "
                      f"({2000 / step:,.0f} img/s), {ab['speedup_mean']:.2f}x the step at {ab['before']} "
                      f"(n = {len(after)} pairs{spread}) | `{ab['command']}` (`results/{path.name}`) |")
@@ -191,7 +191,7 @@ def cpu_kind_block() -> str:
             continue
         profiled = json.loads(path.read_text())
         peak = profiled["matmul_peak"]
-        lines.append(f"| {cpu_kind_of(profiled['environment'])} | {profiled['environment']['processor']} | "
+        lines.append(f"| {cpu_kind_of(profiled['environment'])} | {processor_of(profiled['environment'])} | "
                      f"`{profiled['recipe']}` step's convolutions, {profiled['precision']}, batch "
                      f"{profiled['batch_size']:,} | {profiled['convolution_flop_per_s'] / 1e12:.3f} TFLOP/s counted "
                      f"as direct convolutions, {profiled['convolution_flop_per_s'] / peak['flop_per_s']:.2f}x a "
@@ -205,7 +205,7 @@ def cpu_kind_block() -> str:
         ratio = next((r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == level["concurrency"]),
                      None)
         versus = f"{ratio:.2f}x" if ratio else "n/a"
-        lines.append(f"| {cpu_kind_of(bench['environment'])} | {bench['environment']['processor']} | serving release "
+        lines.append(f"| {cpu_kind_of(bench['environment'])} | {processor_of(bench['environment'])} | serving release "
                      f"{bench['model']} through {batched['served']['backend']}, {level['concurrency']} connections | "
                      f"{level['req_per_s']:,.0f} req/s, p99 {level['p99_ms']:.0f} ms, batched {versus} unbatched | "
                      f"`{bench['command']}` (`results/{path.name}`) |")
@@ -246,6 +246,13 @@ def gpu_block() -> str:
     return "\n".join(lines) if len(lines) > 2 else "No GPU measured yet: `bash scripts/device_check.sh` on one."
 
 
+def processor_of(environment: dict, *details: str) -> str:
+    """The processor's name, with its x86 family and model where recorded (VMs name Zen 3, 4 and 5 alike "AMD EPYC"),
+    and `details`."""
+    details = (environment["cpu_model"], *details) if environment.get("cpu_model") else details
+    return f"{environment['processor']} ({', '.join(details)})" if details else environment["processor"]
+
+
 def hardware(environment: dict) -> str:
     """The GPU of a CUDA run; else the processor and whether it has AMX, which sets its bf16 training speed (about
     2x that of AVX512-BF16 alone)."""
@@ -253,8 +260,8 @@ def hardware(environment: dict) -> str:
         return environment["gpus"][0]["name"]
     features = environment.get("cpu_features")
     if features is None:  # speed runs from before the CPU's instruction sets were recorded
-        return environment["processor"]
-    return f"{environment['processor']} ({'AMX' if 'amx' in features else 'no AMX'})"
+        return processor_of(environment)
+    return processor_of(environment, "AMX" if "amx" in features else "no AMX")
 
 
 def machine_speeds(runs: list[dict]) -> str:
@@ -356,8 +363,8 @@ def serve_block() -> str:
     def ms(level):
         return " / ".join("n/a" if level[k] is None else f"{level[k]:.1f}" for k in ("p50_ms", "p95_ms", "p99_ms"))
 
-    lines = [f"Release {bench['model']} on {env['processor']} ({env['cpu_count']} cores, torch {env['torch']}, uvicorn "
-             f"{env['versions']['uvicorn']}); {bench['requests_per_level']:,} requests per level, each a "
+    lines = [f"Release {bench['model']} on {processor_of(env)} ({env['cpu_count']} cores, torch {env['torch']}, "
+             f"uvicorn {env['versions']['uvicorn']}); {bench['requests_per_level']:,} requests per level, each a "
              f"{bench['image']['sent']} of {bench['image']['bytes']:,} bytes, from the script's own client on the same "
              f"cores ({bench['client']['tool']}, one connection per concurrent client). Batched: up to "
              f"{batching['max_batch']} images "
@@ -414,7 +421,7 @@ def serve_block() -> str:
 def scaling_block() -> str:
     bench = json.loads((RESULTS / "bench-scaling-cpu.json").read_text())
     env, result = bench["environment"], bench["scaling"]
-    lines = [f"{env['processor']}, {env['threads']} cores, torch {env['torch']}; `{result['model']}` in "
+    lines = [f"{processor_of(env)}, {env['threads']} cores, torch {env['torch']}; `{result['model']}` in "
              f"{result['mode']}, global batch {result['batch_size']}, median of {result['rounds']} interleaved rounds "
              f"of {result['steps']} steps, each count launched by torchrun (`{bench['command']}`).", "",
              "| processes | training img/s | speed-up | efficiency |", "|---:|---:|---:|---:|"]
@@ -433,7 +440,7 @@ def devices_block() -> str:
     result = json.loads((RESULTS / "bench-devices.json").read_text())
     env = result["environment"]
     gpus = ", ".join(g["name"] for g in env["gpus"]) or "no GPU"
-    lines = [f"{env['processor']} ({env['threads']} threads), {gpus}; torch {env['torch']} (`{result['command']}`).",
+    lines = [f"{processor_of(env)} ({env['threads']} threads), {gpus}; torch {env['torch']} (`{result['command']}`).",
              "", device_table(result)]
     if result["skipped"]:
         lines += ["", "Not measured: " + "; ".join(f"{what} ({why})" for what, why in result["skipped"].items()) + "."]
@@ -583,7 +590,7 @@ def winograd_block() -> str:
                     if name != "onednn"]
         variants = sorted((int(tile), int(rows)) for tile, rows in variants)
         chosen_rows = {int(tile): rows for tile, rows in result["tile_rows_chosen"].items()}
-        parts.append(f"{result['cpu_kind']}, {result['environment']['processor']}, `{result['model']}`, batch "
+        parts.append(f"{result['cpu_kind']}, {processor_of(result['environment'])}, `{result['model']}`, batch "
                      f"{result['batch_size']:,}, {result['threads']} threads, medians of {result['rounds']} "
                      f"interleaved rounds (`{result['command']}`, `results/{path.name}`):\n")
         parts.append("| layer | input gradient | fp32 training takes | oneDNN, ms | "

@@ -52,6 +52,18 @@ def test_native_bf16_means_the_bf16_instructions_not_avx512_alone():
 
 
 @pytest.mark.unit
+def test_cpu_model_is_the_first_processors_family_and_model(tmp_path):
+    # Two AMD EPYCs of one kind (avx512_bf16) that a VM names alike: only the numbers tell Zen 4 from Zen 5.
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n")
+    assert device.cpu_model(cpuinfo) == "family 25 model 17"
+    assert device.cpu_model(tmp_path / "absent") is None
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Apple M2\n")  # no x86 family: nothing to tell
+    assert device.cpu_model(cpuinfo) is None
+
+
+@pytest.mark.unit
 def test_fp16_training_on_cpu_is_refused():
     with pytest.raises(CifarkitError, match="use --precision bf16 or fp32"):
         device.pick_precision("fp16", torch.device("cpu"))

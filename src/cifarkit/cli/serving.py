@@ -54,7 +54,8 @@ def register(sub) -> None:
                    help="show the K most likely classes per image (default: 1)")
     p.add_argument("--json", action="store_true", help="one JSON list with an object per image")
     p.add_argument("--backend", default="auto", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"),
-                   help="auto: the one the release's metrics.json recommends (default: auto)")
+                   help="auto: the fastest on this CPU's kind of those that meet the release's accuracy rule "
+                        "(docs/releases.md) (default: auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="use the release's weights (and model.onnx) even if they differ from what metrics.json records")
     p.set_defaults(func=cmd_predict)
@@ -82,7 +83,8 @@ def register(sub) -> None:
                    help="torch intra-op threads of the model thread (default: one per core but one, which the event "
                         "loop and the image decoding take)")
     p.add_argument("--backend", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"),
-                   help="auto: the one each release's metrics.json recommends (default: auto)")
+                   help="auto: per release, the fastest on this CPU's kind of those that meet its accuracy rule "
+                        "(docs/releases.md) (default: auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="serve weights even if they differ from what their metrics.json records")
     p.add_argument("--access-log", action="store_true", help="log every request (costs throughput)")

@@ -135,6 +135,7 @@ def report(device: torch.device | None = None) -> dict:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "processor": _cpu_name(),
+        "cpu_model": cpu_model(),
         "threads": torch.get_num_threads(),
         "memory_gib": _system_memory_gib(),
         "allocator": allocator.in_use(),
@@ -162,12 +163,29 @@ def _system_memory_gib() -> float | None:
     return None
 
 
-def _cpu_name() -> str:
+def _first_cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's fields of Linux's /proc/cpuinfo; empty elsewhere."""
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+        for line in cpuinfo.read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _cpu_name() -> str:
+    return _first_cpu_info().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """An x86 CPU's family and model numbers. Virtual machines often name every AMD EPYC alike, while Zen 3, 4 and 5
+    (families 25 and 26) differ in speed within one CPU kind: Zen 4 runs AVX-512 on 256-bit units, Zen 5 on 512-bit."""
+    fields = _first_cpu_info(cpuinfo)
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"family {fields['cpu family']} model {fields['model']}"
 
 
 def cudnn_text(version: int | None) -> str:
@@ -181,7 +199,9 @@ def cudnn_text(version: int | None) -> str:
 
 def describe(info: dict) -> list[str]:
     """The report as short human-readable lines."""
-    features = f" ({', '.join(info['cpu_features'])})" if info.get("cpu_features") else ""
+    details = [info["cpu_model"]] if info.get("cpu_model") else []
+    details += info.get("cpu_features") or []
+    features = f" ({', '.join(details)})" if details else ""
     lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
              f"CPU: {info['processor']}{features}, {info['threads']} threads, {info['memory_gib']} GiB RAM, "
              f"native bf16: {'yes' if info['cpu_bf16'] else 'no'}, memory allocator: {info['allocator']}"]
