@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -326,9 +327,12 @@ def serving_goals_block() -> str:
         goals, alone = bench["summary"]["goals"]["concurrency_64"], bench["model_alone"]
         constants = bench["summary"]["goal_constants"]
         best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
-        rows.append({"path": path, "kind": cpu_kind_of(bench["environment"]),
-                     "defaults": "--backend" not in bench["command"] or "--backend auto" in bench["command"],
-                     "backend": bench["servers"]["batched"]["served"]["backend"], "goals": goals,
+        command = shlex.split(bench["command"])
+        options = command[command.index("--serve-args") + 1] if "--serve-args" in command else ""
+        auto = "--backend" not in command or "--backend auto" in bench["command"]
+        backend = bench["servers"]["batched"]["served"]["backend"]
+        rows.append({"path": path, "kind": cpu_kind_of(bench["environment"]), "defaults": auto and not options,
+                     "backend": f"{backend}, `{options}`" if options else backend, "goals": goals,
                      "constants": constants, "best": best, "gain": best / alone["batch_1_images_per_s"]})
     if not rows:
         return _not_measured("serve-bench*.json", "python scripts/bench_serve.py")
@@ -338,7 +342,7 @@ def serving_goals_block() -> str:
     c = rows[0]["constants"]
     lines = [f"| CPU kind | backend | req/s at {c['concurrency']} connections | p99 ms (goal <= {c['p99_ms']}) | "
              f"batched / unbatched (goal >= {c['ratio']}x) | the model alone: best batch / batch 1 | the model alone: "
-             f"least mean latency at {c['concurrency']} connections | defaults / best backend here (goal >= 0.9x) | "
+             f"least mean latency at {c['concurrency']} connections | defaults / best here (goal >= 0.9x) | "
              f"file |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in rows:
         g = row["goals"]
