@@ -329,7 +329,7 @@ def serving_goals_block() -> str:
         best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
         command = shlex.split(bench["command"])
         options = command[command.index("--serve-args") + 1] if "--serve-args" in command else ""
-        auto = "--backend" not in command or "--backend auto" in bench["command"]
+        auto = "--backend" not in command or command[command.index("--backend") + 1] == "auto"
         backend = bench["servers"]["batched"]["served"]["backend"]
         rows.append({"path": path, "kind": cpu_kind_of(bench["environment"]), "defaults": auto and not options,
                      "backend": f"{backend}, `{options}`" if options else backend, "goals": goals,

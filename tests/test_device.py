@@ -57,10 +57,10 @@ def test_cpu_model_is_the_first_processors_family_and_model(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
                        "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n")
-    assert device.cpu_model(cpuinfo) == "family 25 model 17"
-    assert device.cpu_model(tmp_path / "absent") is None
+    assert device.cpu_model(device.first_cpu_info(cpuinfo)) == "family 25 model 17"
+    assert device.cpu_model(device.first_cpu_info(tmp_path / "absent")) is None
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Apple M2\n")  # no x86 family: nothing to tell
-    assert device.cpu_model(cpuinfo) is None
+    assert device.cpu_model(device.first_cpu_info(cpuinfo)) is None
 
 
 @pytest.mark.unit

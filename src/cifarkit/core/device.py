@@ -130,12 +130,13 @@ def configure(device: torch.device) -> None:
 
 def report(device: torch.device | None = None) -> dict:
     """What a bug report or a benchmark needs to be read: hardware, library versions and the numeric settings."""
+    cpu = first_cpu_info()
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
-        "processor": _cpu_name(),
-        "cpu_model": cpu_model(),
+        "processor": _cpu_name(cpu),
+        "cpu_model": cpu_model(cpu),
         "threads": torch.get_num_threads(),
         "memory_gib": _system_memory_gib(),
         "allocator": allocator.in_use(),
@@ -163,7 +164,7 @@ def _system_memory_gib() -> float | None:
     return None
 
 
-def _first_cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+def first_cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     """The first processor's fields of Linux's /proc/cpuinfo; empty elsewhere."""
     fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
@@ -175,17 +176,17 @@ def _first_cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     return fields
 
 
-def _cpu_name() -> str:
-    return _first_cpu_info().get("model name") or platform.processor() or platform.machine()
+def _cpu_name(cpu: dict[str, str]) -> str:
+    return cpu.get("model name") or platform.processor() or platform.machine()
 
 
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """An x86 CPU's family and model numbers. Virtual machines often name every AMD EPYC alike, while Zen 3, 4 and 5
-    (families 25 and 26) differ in speed within one CPU kind: Zen 4 runs AVX-512 on 256-bit units, Zen 5 on 512-bit."""
-    fields = _first_cpu_info(cpuinfo)
-    if "cpu family" not in fields or "model" not in fields:
+def cpu_model(cpu: dict[str, str]) -> str | None:
+    """An x86 CPU's family and model numbers, from its `first_cpu_info`. Virtual machines often name every AMD EPYC
+    alike, while Zen 3, 4 and 5 (families 25 and 26) differ in speed within one CPU kind: Zen 4 runs AVX-512 on
+    256-bit units, Zen 5 on 512-bit."""
+    if "cpu family" not in cpu or "model" not in cpu:
         return None
-    return f"family {fields['cpu family']} model {fields['model']}"
+    return f"family {cpu['cpu family']} model {cpu['model']}"
 
 
 def cudnn_text(version: int | None) -> str:
@@ -201,9 +202,9 @@ def describe(info: dict) -> list[str]:
     """The report as short human-readable lines."""
     details = [info["cpu_model"]] if info.get("cpu_model") else []
     details += info.get("cpu_features") or []
-    features = f" ({', '.join(details)})" if details else ""
+    cpu_details = f" ({', '.join(details)})" if details else ""
     lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
-             f"CPU: {info['processor']}{features}, {info['threads']} threads, {info['memory_gib']} GiB RAM, "
+             f"CPU: {info['processor']}{cpu_details}, {info['threads']} threads, {info['memory_gib']} GiB RAM, "
              f"native bf16: {'yes' if info['cpu_bf16'] else 'no'}, memory allocator: {info['allocator']}"]
     cudnn = cudnn_text(info["cudnn_version"])
     if info["gpus"]:
