@@ -18,14 +18,17 @@ from dataclasses import fields
 from urllib.parse import urlsplit
 
 import pytest
+import torch
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from cifarkit.cli import options
 from cifarkit.cli.serving import SERVE_SETTINGS
-from cifarkit.inference import backends
+from cifarkit.core import device
+from cifarkit.inference import backends, runtime
 from cifarkit.inference.classifier import Classifier
-from cifarkit.serving.settings import ServeSettings
+from cifarkit.serving import pipeline
+from cifarkit.serving.settings import SPARE_CORES_BY_CPU_KIND, ServeSettings
 from conftest import ROOT
 from servers import running_server
 
@@ -320,9 +323,46 @@ def test_help_states_the_settings_defaults():
         stated = re.search(r"\(default: ([^)]*)\)", helps[name]).group(1)
         value = defaults[name]
         if value is None:  # threads: a rule rather than a number
-            assert stated.startswith("one per core but one"), name
+            assert stated.startswith("one per core, but one on CPUs with AMX"), name
         else:
             assert stated == (f"{value:g}" if isinstance(value, float) else str(value)), name
+
+
+@pytest.mark.parametrize("features, model_threads", [
+    (["avx2", "avx512", "avx512_bf16", "amx"], 3), (["avx2", "avx512", "avx512_bf16"], 4), (["avx2"], 4)])
+def test_the_model_thread_leaves_a_core_only_where_the_cpu_kind_says(monkeypatch, features, model_threads):
+    """CPU features faked: with AMX the event loop keeps a core; the kinds measured without it give the model all."""
+    monkeypatch.setattr(device, "cpu_features", lambda: features)
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        assert ServeSettings().model_threads() == model_threads
+        assert ServeSettings(threads=2).model_threads() == 2  # --threads overrides the kind's rule
+    finally:
+        torch.set_num_threads(before)
+    assert set(SPARE_CORES_BY_CPU_KIND) <= set(backends.CPU_KINDS)
+
+
+def test_an_onnxruntime_model_runs_on_the_model_thread_s_count_not_the_loader_s(monkeypatch):
+    """The session sizes its pool when it is made, on the thread that loads the release: it must take --threads,
+    and the loading thread gets its own count back."""
+    made = []
+
+    def recording_session(model):
+        session = make_session(model)
+        made.append(session.get_session_options().intra_op_num_threads)
+        return session
+
+    make_session = runtime.onnx_session
+    monkeypatch.setattr(runtime, "onnx_session", recording_session)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        served = pipeline.load_models(["B"], ServeSettings(backend="onnxruntime", threads=1))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert served["B"].classifier.backend == "onnxruntime" and made == [1]
 
 
 def test_idle_and_slow_clients_are_cut_off_and_one_that_leaves_is_a_line_and_a_count():

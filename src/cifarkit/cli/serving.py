@@ -80,8 +80,8 @@ def register(sub) -> None:
     p.add_argument("--max-body-mb", type=bounded(0.001, kind=float),
                    help="larger request bodies get 413 before they are read (default: 10)")
     p.add_argument("--threads", type=bounded(1),
-                   help="torch intra-op threads of the model thread (default: one per core but one, which the event "
-                        "loop and the image decoding take)")
+                   help="intra-op threads of the model thread, torch's or onnxruntime's (default: one per core, "
+                        "but one on CPUs with AMX, where the event loop and the image decoding need a core)")
     p.add_argument("--backend", choices=("auto", "torch-fp32", "torch-bf16", "onnxruntime"),
                    help="auto: per release, the fastest on this CPU's kind of those that meet its accuracy rule "
                         "(docs/releases.md) (default: auto)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -73,9 +74,22 @@ def load_models(names: list[str], settings: ServeSettings) -> dict[str, Served]:
                                 f"name once")
         # Traced: a forward pass then holds the GIL only to start and to end, not between its layers, so the event
         # loop and the decode thread no longer slow it down (see Classifier).
-        classifier = Classifier.load(path, backend=settings.backend, verify=settings.verify, traced=True)
+        with torch_threads(settings.model_threads()):
+            classifier = Classifier.load(path, backend=settings.backend, verify=settings.verify, traced=True)
         served[name] = Served(name, classifier, path.name if given_path else text)
     return served
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's intra-op threads on this thread set to `count` for the block: an onnxruntime session takes its
+    thread count from torch's when it is made (runtime.onnx_session), and it must take the model thread's."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class Metrics:

@@ -7,9 +7,17 @@ from dataclasses import dataclass, field
 import torch
 from fastapi.responses import JSONResponse
 
+from cifarkit.inference import backends
+
 API_KEY_ENV = "CIFARKIT_API_KEY"
 LOOPBACK = "127.0.0.1"
 PREDICT = "/v1/predict"
+
+# Cores the model thread leaves to the event loop and the decode thread, by CPU kind (backends.cpu_kind); other kinds
+# leave none. Measured on 2 cores at 64 connections (docs/serving.md): with AMX the model outruns HTTP and decoding,
+# and a full team of threads stalls whenever the loop takes one of their cores, so it leaves one. With AVX512-BF16
+# alone the model limits req/s, and it takes both cores; on AVX2 the default (onnxruntime) was measured on both.
+SPARE_CORES_BY_CPU_KIND = {"amx": 1}
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,8 @@ class ServeSettings:
     read_timeout_s: float = 10.0
     max_body_mb: float = 10.0  # a larger request body is refused (413) before it is read
     max_images: int = 64  # images in one multipart request
-    # torch's intra-op threads; None: torch's own (one per core) but one, the core left to the event loop and the
-    # decode thread: a full team of threads stalls whenever the loop takes one of their cores.
+    # The model thread's intra-op threads (torch's or onnxruntime's); None: torch's own (one per core) less the CPU
+    # kind's SPARE_CORES_BY_CPU_KIND.
     threads: int | None = None
     backend: str = "auto"
     verify: bool = True
@@ -44,7 +52,10 @@ class ServeSettings:
         return int(self.max_body_mb * 2**20)
 
     def model_threads(self) -> int:
-        return self.threads or max(1, torch.get_num_threads() - 1)
+        """Read on a thread that has torch's own count (OpenMP keeps the setting per thread): the model thread sets
+        its own to this."""
+        spare = SPARE_CORES_BY_CPU_KIND.get(backends.cpu_kind(), 0)
+        return self.threads or max(1, torch.get_num_threads() - spare)
 
 
 class Refused(Exception):
