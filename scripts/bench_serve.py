@@ -437,15 +437,15 @@ def prepare_image(path: Path) -> tuple[bytes, dict]:
     return raw, {**source, "sent": "32 x 32 PNG", "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
-def model_alone(model: str, backend: str) -> dict:
-    """img/s of the served model's forward pass alone, in this process, as a server with the default settings runs
-    it (traced, on its threads), at the batch sizes it runs: this machine's speed at the time of the run, the
-    ceiling the server's req/s is to be read against."""
+def model_alone(model: str, backend: str, threads: int | None) -> dict:
+    """img/s of the served model's forward pass alone, in this process, as the servers run it (traced, on their
+    model thread's count: `threads`, or the default's), at the batch sizes they run: this machine's speed at the time
+    of the run, the ceiling the server's req/s is to be read against."""
     import torch
 
     from cifarkit.inference.classifier import Classifier
     from cifarkit.serving.settings import ServeSettings
-    torch.set_num_threads(ServeSettings().model_threads())
+    torch.set_num_threads(ServeSettings(threads=threads).model_threads())
     classifier = Classifier.load(model, backend=backend, traced=True)
     figures = {"backend": classifier.backend, "traced": classifier.traced, "threads": torch.get_num_threads()}
     for size in (1, 32, 64):
@@ -486,7 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--model", args.model, "--backend", args.backend, *shlex.split(args.serve_args)]
     load_before = os.getloadavg()
     body, image = prepare_image(ROOT / "examples" / "images" / "cat.png")
-    reference = model_alone(args.model, args.backend)
+    threads_option = argparse.ArgumentParser(add_help=False)
+    threads_option.add_argument("--threads", type=int)
+    reference = model_alone(args.model, args.backend, threads_option.parse_known_args(common)[0].threads)
     batched = common + ["--max-batch", str(args.max_batch)]
     servers = {"batched": run_server("batched", batched, args.concurrency, args, body, soak_s=args.soak_s),
                "unbatched": run_server("unbatched", common + ["--max-batch", "1"], args.concurrency, args, body)}

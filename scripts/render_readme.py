@@ -206,8 +206,10 @@ def cpu_kind_block() -> str:
         ratio = next((r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == level["concurrency"]),
                      None)
         versus = f"{ratio:.2f}x" if ratio else "n/a"
+        options = f" with `{serve_options(bench)}`" if serve_options(bench) else ""
         lines.append(f"| {cpu_kind_of(bench['environment'])} | {processor_of(bench['environment'])} | serving release "
-                     f"{bench['model']} through {batched['served']['backend']}, {level['concurrency']} connections | "
+                     f"{bench['model']} through {batched['served']['backend']}{options}, {level['concurrency']} "
+                     f"connections | "
                      f"{level['req_per_s']:,.0f} req/s, p99 {level['p99_ms']:.0f} ms, batched {versus} unbatched | "
                      f"`{bench['command']}` (`results/{path.name}`) |")
     return "\n".join(lines)
@@ -316,6 +318,12 @@ def _not_measured(name: str, command: str) -> str:
     return f"Not measured yet: `{command}` writes `results/{name}`, and `scripts/render_readme.py` renders it here."
 
 
+def serve_options(bench: dict) -> str:
+    """The `cifarkit serve` options a bench_serve run added to the defaults (its --serve-args), or ""."""
+    command = shlex.split(bench["command"])
+    return command[command.index("--serve-args") + 1] if "--serve-args" in command else ""
+
+
 def serving_goals_block() -> str:
     """The serving goals at 64 connections on each CPU kind measured (results/serve-bench*.json), each beside what
     the model alone allows in the same run: a closed loop of C connections answered at R req/s waits C / R on
@@ -327,8 +335,7 @@ def serving_goals_block() -> str:
         goals, alone = bench["summary"]["goals"]["concurrency_64"], bench["model_alone"]
         constants = bench["summary"]["goal_constants"]
         best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
-        command = shlex.split(bench["command"])
-        options = command[command.index("--serve-args") + 1] if "--serve-args" in command else ""
+        command, options = shlex.split(bench["command"]), serve_options(bench)
         auto = "--backend" not in command or command[command.index("--backend") + 1] == "auto"
         backend = bench["servers"]["batched"]["served"]["backend"]
         rows.append({"path": path, "kind": cpu_kind_of(bench["environment"]), "defaults": auto and not options,

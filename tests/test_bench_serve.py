@@ -27,7 +27,7 @@ def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "serve-bench.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--requests", str(REQUESTS), "--concurrency", *map(str, LEVELS),
-         "--warmup", "20", "--overload-queue", "4", "--soak-s", "3", "--out", str(out)],
+         "--warmup", "20", "--overload-queue", "4", "--soak-s", "3", "--serve-args", "--threads 1", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text()), done.stdout, out
@@ -117,6 +117,7 @@ def test_summary_table_and_portability(bench):
     for path in (str(ROOT), str(out.parent), sys.prefix):
         assert path not in text, f"{path} written into the JSON"
     assert report["command"].endswith(f"--out {out.name}")
+    assert report["model_alone"]["threads"] == 1  # the servers' --threads, not the default's count
 
 
 def test_readme_block(bench, monkeypatch):
