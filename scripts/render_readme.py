@@ -281,23 +281,24 @@ def releases_block() -> str:
 
 
 def inference_block() -> str:
-    """Each shipped release's speeds per CPU kind measured, and what `auto` picks on that kind
-    (cifarkit.inference.backends)."""
+    """Each shipped release's speeds per CPU kind measured, the accuracy rule's figures `auto` judges on that kind,
+    and what it picks there (cifarkit.inference.backends)."""
     lines = ["| release | CPU kind | backend | img/s, batch 1 | ms, batch 1 | img/s, batch 256 | test acc | "
-             "top-1 = fp32 |", "|---|---|---|---:|---:|---:|---:|---:|"]
+             "top-1 = fp32 | accuracy figures |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for path in sorted(SHIPPED.glob("version_*/metrics.json")):
         m = json.loads(path.read_text())
         inference = m["inference"]
-        accuracy = inference.get("test_acc_by_backend", {})
         for kind, table in sorted(backends.speed_tables(inference).items()):
             picked = backends.choose(m, features=list(backends.CPU_KINDS[backends.CPU_KINDS.index(kind):])).backend
+            figures, where = backends.accuracy_figures(inference, kind)
+            accuracy, agreement = figures.get("test_acc_by_backend", {}), figures["top1_agreement_with_fp32"]
             speed = {(r["backend"], r["batch_size"]): r for r in table}
             for backend in backends.BACKENDS:
                 one, many = speed[(backend, 1)], speed[(backend, 256)]
                 acc = f"{100 * accuracy[backend]:.2f}%" if backend in accuracy else "-"
                 lines.append(f"| {m['release']} | {kind} | {backend}{' (auto)' if backend == picked else ''} | "
                              f"{one['images_per_s']:,.0f} | {one['ms_per_batch']:.2f} | {many['images_per_s']:,.0f} | "
-                             f"{acc} | {100 * inference['top1_agreement_with_fp32'][backend]:.2f}% |")
+                             f"{acc} | {100 * agreement[backend]:.2f}% | {where} |")
     return "\n".join(lines)
 
 

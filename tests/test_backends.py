@@ -82,6 +82,20 @@ def test_bf16_outside_the_accuracy_rule_is_refused_on_every_cpu(accuracy, agreem
     assert refused_because in choice.reason
 
 
+def test_the_accuracy_rule_judges_the_figures_measured_on_this_cpu_s_kind():
+    """bf16 rounds differently per kind: where the release holds figures from this kind, they decide; elsewhere the
+    figures of the machine that made it."""
+    measured = release()
+    measured["inference"]["cpu_kind"] = "amx"
+    measured["inference"]["accuracy_by_cpu_kind"] = {"avx512_bf16": {
+        "test_acc_by_backend": {"torch-fp32": 0.94, "torch-bf16": 0.9385, "onnxruntime": 0.94},
+        "top1_agreement_with_fp32": {"torch-fp32": 1.0, "torch-bf16": 0.997, "onnxruntime": 1.0}}}
+    zen5, amx = backends.choose(measured, features=ZEN5), backends.choose(measured, features=AMX)
+    assert zen5.backend == "onnxruntime" and "0.15 points from fp32's" in zen5.reason
+    assert zen5.reason.endswith("accuracy rule on the figures measured on avx512_bf16")
+    assert amx.backend == "torch-bf16" and amx.reason.endswith("figures measured on amx")
+
+
 def test_a_release_without_recorded_accuracies_needs_the_agreement_that_bounds_the_gap():
     strict = {"top1_agreement_with_fp32": {"torch-fp32": 1.0, "torch-bf16": 0.9995, "onnxruntime": 1.0}}
     loose = {"top1_agreement_with_fp32": {"torch-fp32": 1.0, "torch-bf16": 0.997, "onnxruntime": 1.0}}

@@ -4,6 +4,8 @@ Two questions, answered apart:
 1. Which backends give the release's answers? A release records, per backend, its test accuracy and its top-1
    agreement with fp32 (`cifarkit release` measures both on the 10,000 test images); `ACCURACY_RULE` admits a
    backend whose accuracy is within 0.1 points of fp32's and whose predictions agree with fp32's on 99.5% of them.
+   bf16 kernels round differently on each CPU kind, so the figures measured on this CPU's kind
+   (`accuracy_by_cpu_kind`) are judged where a release holds them, else those of the machine that made it.
 2. Which admitted backend is fastest here? bf16 only where this CPU computes it natively (AVX512-BF16 or AMX, the
    BF16 extension on Arm): elsewhere it is emulated, many times slower than fp32. Then the release's own speed
    table for this CPU kind (`speed_by_cpu_kind`), when one was measured on such a CPU; else the capability order
@@ -50,10 +52,22 @@ def cpu_kind(features: list[str] | None = None) -> str:
     return next((kind for kind in CPU_KINDS if kind in features), device.machine_name())
 
 
-def refusals(inference: dict) -> dict[str, str]:
-    """backend -> why ACCURACY_RULE refuses it, for each backend of the release that fails the rule."""
-    agreement = inference.get("top1_agreement_with_fp32", {})
-    accuracy = inference.get("test_acc_by_backend", {})
+def accuracy_figures(inference: dict, kind: str) -> tuple[dict, str]:
+    """The accuracy rule's figures to judge on a CPU of `kind`: (the inference table holding test_acc_by_backend
+    and top1_agreement_with_fp32, where they were measured)."""
+    if kind in inference.get("accuracy_by_cpu_kind", {}):
+        return inference["accuracy_by_cpu_kind"][kind], f"measured on {kind}"
+    # The release's own figures: measured where it was made, or where they were last measured again.
+    measured = inference.get("test_acc_by_backend_measured", {}).get("cpu_kind") or inference.get("cpu_kind")
+    return inference, f"measured on {measured}" if measured else "measured where the release was made"
+
+
+def refusals(inference: dict, kind: str) -> dict[str, str]:
+    """backend -> why ACCURACY_RULE refuses it on a CPU of `kind`, for each backend of the release that fails the
+    rule (see `accuracy_figures`)."""
+    figures, _ = accuracy_figures(inference, kind)
+    agreement = figures.get("top1_agreement_with_fp32", {})
+    accuracy = figures.get("test_acc_by_backend", {})
     refused = {}
     for backend in BACKENDS:
         if backend == REFERENCE:
@@ -100,7 +114,7 @@ def choose(info: dict | None, device_type: str = "cpu", features: list[str] | No
     inference = (info or {}).get("inference")
     if not inference:
         return Choice(REFERENCE, "no metrics.json records how other backends compare with fp32", kind)
-    refused = refusals(inference)
+    refused = refusals(inference, kind)
     if device_type != "cpu":  # ONNX Runtime runs on the CPU here; bf16 autocast where the GPU computes it
         if device_type == "cuda" and torch.cuda.is_bf16_supported() and "torch-bf16" not in refused:
             return Choice("torch-bf16", "this GPU computes bf16 natively and bf16 meets the accuracy rule", kind)
@@ -119,4 +133,4 @@ def choose(info: dict | None, device_type: str = "cpu", features: list[str] | No
         reason = f"no speed measured on a {kind} CPU; first of {', '.join(FALLBACK_ORDER)} that is admitted"
     if refused:
         reason += "; not " + "; not ".join(f"{b}: {why}" for b, why in refused.items())
-    return Choice(best, reason, kind)
+    return Choice(best, f"{reason}; accuracy rule on the figures {accuracy_figures(inference, kind)[1]}", kind)
