@@ -12,7 +12,8 @@ CPU kinds they were taken on, are in docs/recipes-and-speed.md ("Kernel plans").
 In fp32 training on the CPU (where bf16 is not native) the pooled layers of odd width that the pool crops to an even
 one, and the unpooled layers of the widths where it was measured to pay, take Winograd's F(2x2, 3x3) or F(4x4, 3x3)
 instead (`models/winograd.py`), whichever needs fewer products for the layer's size: fewer multiplications where
-oneDNN's direct kernels already run near the fp32 matmul peak.
+oneDNN's direct kernels already run near the fp32 matmul peak. In bf16, where the plan says so, a pooled layer of odd
+width takes F(2x2, 3x3) in bf16 on its cropped outputs: oneDNN's bf16 kernels run near the bf16 matmul peak too.
 """
 from __future__ import annotations
 
@@ -98,12 +99,15 @@ class KernelPlan:
     matmul_max_width: int  # unpooled layers: the matmul weight gradient up to this width, oneDNN above
     cropped_matmul_max_width: int  # pooled layers of odd width: the matmul path, cropped, up to this width
     onednn_crop_max_width: int  # pooled layers of odd width past the matmul's: oneDNN on a cropping pad up to this
+    # pooled layers of odd width: Winograd's F(2x2, 3x3) in bf16 on the kept outputs up to this, before the others
+    winograd_cropped_max_width: int = 0
 
 
 # By the CPU's bf16 engine. AMX: rows of 7 and 3 by matmul, 15 and 31 by oneDNN, and no pad-crop for oneDNN. Without
-# AMX (AVX512-BF16): oneDNN for the 7x7 layer, the matmul for 3x3 and the cropped pooled 7x7, and the pad-crop for the
-# pooled 15x15 layer only. Each choice was the faster in interleaved timings on that kind (docs/recipes-and-speed.md).
-KERNEL_PLANS = {"amx": KernelPlan(8, 8, 0), "no_amx": KernelPlan(4, 8, 16)}
+# AMX (AVX512-BF16): oneDNN for the 7x7 layer, the matmul for 3x3, Winograd for the cropped pooled 7x7, and the
+# pad-crop for the pooled 15x15 layer. Each choice was the faster in interleaved timings on that kind
+# (docs/recipes-and-speed.md); Winograd in bf16 was not timed with AMX.
+KERNEL_PLANS = {"amx": KernelPlan(8, 8, 0), "no_amx": KernelPlan(4, 8, 16, winograd_cropped_max_width=8)}
 
 # fp32 training: pooled layers of odd width up to this take Winograd on their cropped, even outputs. At 31 pixels
 # (24 input channels) oneDNN's direct kernel was the faster (docs/recipes-and-speed.md, "Kernel plans").
@@ -114,6 +118,8 @@ WINOGRAD_MAX_WIDTH = 16
 WINOGRAD_UNPOOLED_WIDTHS = (7, 3)
 # fp32 training: the largest Winograd block (outputs a side) a layer may take; 2 is F(2x2, 3x3) alone.
 WINOGRAD_MAX_TILE = 4
+# bf16 training: F(2x2, 3x3) alone (see models/winograd.py).
+BF16_WINOGRAD_TILE = 2
 
 
 def winograd_tile(kept: int) -> int:
@@ -140,9 +146,10 @@ class Conv3x3(nn.Conv2d):
     def path(self, x: torch.Tensor) -> str:
         """How a call on `x` computes, here and now: "plain" (nn.Conv2d), "matmul" (the weight gradient by
         `weight_gradient_by_matmul`), "matmul-cropped" (the same on the pooled layer's kept rows and columns),
-        "onednn-cropped" (oneDNN on a pad that crops them) or, in fp32, "winograd" (`WinogradConv3x3` on the kept
-        rows and columns, or on all of an unpooled layer's, in blocks of `winograd_tile`). Only training on the CPU
-        leaves the plain path."""
+        "onednn-cropped" (oneDNN on a pad that crops them), "winograd-bf16" (`WinogradConv3x3` in bf16 on the kept
+        ones, in blocks of BF16_WINOGRAD_TILE) or, in fp32, "winograd" (`WinogradConv3x3` on the kept rows and
+        columns, or on all of an unpooled layer's, in blocks of `winograd_tile`). Only training on the CPU leaves
+        the plain path."""
         h, w = x.shape[-2:]
         if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"):
             return "plain"
@@ -154,6 +161,8 @@ class Conv3x3(nn.Conv2d):
         if dtype != torch.bfloat16:
             return "plain"
         plan = cpu_plan()
+        if crop and w <= plan.winograd_cropped_max_width:
+            return "winograd-bf16"
         if w <= (plan.cropped_matmul_max_width if crop else plan.matmul_max_width):
             return "matmul-cropped" if crop else "matmul"
         if crop and w <= plan.onednn_crop_max_width:
@@ -171,6 +180,9 @@ class Conv3x3(nn.Conv2d):
         # The input cast autocast would make inside conv2d, made here.
         with torch.autocast("cpu", enabled=False):
             low = x.to(torch.bfloat16)
+            if path == "winograd-bf16":
+                h, w = low.shape[-2:]
+                return WinogradConv3x3.apply(low, self.weight, h - 1, w - 1, BF16_WINOGRAD_TILE)
             if path == "onednn-cropped":
                 return F.conv2d(F.pad(low, (1, 0, 1, 0)), self.weight.to(torch.bfloat16))
             padding = (1, 0, 1, 0) if path == "matmul-cropped" else (1, 1, 1, 1)  # left, right, top, bottom

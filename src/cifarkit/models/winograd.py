@@ -1,4 +1,4 @@
-"""A stride-1 3x3 convolution (zero padding 1) by Winograd's minimal filtering F(m x m, 3x3), for fp32 CPU training.
+"""A stride-1 3x3 convolution (zero padding 1) by Winograd's minimal filtering F(m x m, 3x3), for CPU training.
 
 Why: on a CPU without native bf16, training runs in fp32 and oneDNN's direct convolutions already run near the
 cores' fp32 matmul peak, so only fewer multiplications make them faster. F(m x m, 3x3) computes each m x m block of
@@ -14,6 +14,10 @@ max-pool drops (fastnet's 15x15 -> 14x14, 7x7 -> 6x6), or an unpooled layer whos
 smaller products save (fastnet's 7x7 layer as 8x8). The transforms are sums of a few scaled copies over the whole
 tensor; they are done in slices of whole images so that a slice's tiles are still in cache when its matmuls read
 them. The layers it was measured on, with the CPU kind, are in docs/recipes-and-speed.md ("Kernel plans").
+
+In bf16 (an input in bf16) the transforms, the products and the input's gradient are bf16 and the weight's gradient
+is summed in fp32. Each transform then rounds, so only F(2x2, 3x3), whose transforms add and subtract, is used there:
+F(4x4)'s larger coefficients multiply bf16's rounding error several times over (tests/test_models.py bounds both).
 """
 from __future__ import annotations
 
@@ -227,8 +231,9 @@ def _output_gradient(transform: Transform, grad: torch.Tensor, out: torch.Tensor
 
 
 class WinogradConv3x3(torch.autograd.Function):
-    """The top-left `out_h` x `out_w` outputs of conv2d(x, weight, padding=1), in fp32, by F(m x m, 3x3) with m =
-    `outputs_per_tile` (a key of TRANSFORMS). Sizes that m does not divide are rounded up and cropped."""
+    """The top-left `out_h` x `out_w` outputs of conv2d(x, weight, padding=1), in x's dtype, by F(m x m, 3x3) with
+    m = `outputs_per_tile` (a key of TRANSFORMS). Sizes that m does not divide are rounded up and cropped. The filters
+    are transformed in the weight's dtype, and its gradient comes back in it."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, out_h: int, out_w: int,
@@ -240,7 +245,7 @@ class WinogradConv3x3(torch.autograd.Function):
         tiles_h, tiles_w = -(-out_h // m), -(-out_w // m)
         # Channels last: each tile's channels are contiguous, the matmuls' inner dimension.
         padded = F.pad(x.permute(0, 2, 3, 1), (0, 0, 1, m * tiles_w + 1 - w, 1, m * tiles_h + 1 - h)).contiguous()
-        filters = _transform_filters(transform, weight)
+        filters = _transform_filters(transform, weight).to(x.dtype)
         out = x.new_empty(n, tiles_h, m, tiles_w, m, c_out)
         for start, end in _slices(n, tiles_h * tiles_w, m):
             tiles = x.new_empty(t * t, end - start, tiles_h, tiles_w, c_in)
@@ -248,7 +253,7 @@ class WinogradConv3x3(torch.autograd.Function):
             products = torch.bmm(tiles.view(t * t, -1, c_in), filters)
             _inverse_transform(transform, products.view(t, t, end - start, tiles_h, tiles_w, c_out), out[start:end])
         ctx.save_for_backward(padded, filters)
-        ctx.input_size, ctx.outputs_per_tile = (h, w), m
+        ctx.input_size, ctx.outputs_per_tile, ctx.weight_dtype = (h, w), m, weight.dtype
         out = out.view(n, m * tiles_h, m * tiles_w, c_out)
         if (out_h, out_w) != out.shape[1:3]:
             out = out[:, :out_h, :out_w].contiguous()
@@ -267,7 +272,7 @@ class WinogradConv3x3(torch.autograd.Function):
             # The rounded-up rows and columns were cropped away: their gradient is zero. Only then: a pad copies.
             grad_nhwc = F.pad(grad_nhwc, (0, 0, 0, m * tiles_w - out_w, 0, m * tiles_h - out_h))
         grad_blocks = grad_nhwc.reshape(n, tiles_h, m, tiles_w, m, c_out)
-        grad_filters = torch.zeros_like(filters)
+        grad_filters = torch.zeros(filters.shape, dtype=ctx.weight_dtype)
         want_input = ctx.needs_input_grad[0]
         grad_padded = torch.zeros_like(padded) if want_input else None
         for start, end in _slices(n, tiles_h * tiles_w, m):
@@ -277,7 +282,11 @@ class WinogradConv3x3(torch.autograd.Function):
             grad_products = padded.new_empty(t * t, end - start, tiles_h, tiles_w, c_out)
             _output_gradient(transform, grad_blocks[start:end], grad_products)
             grad_products = grad_products.view(t * t, -1, c_out)
-            grad_filters.baddbmm_(tiles.view(t * t, -1, c_in).transpose(1, 2), grad_products)
+            tiles_by_channel = tiles.view(t * t, -1, c_in).transpose(1, 2)
+            if tiles.dtype == grad_filters.dtype:
+                grad_filters.baddbmm_(tiles_by_channel, grad_products)
+            else:  # bf16 products, summed over the slices in the weight's dtype
+                grad_filters += torch.bmm(tiles_by_channel, grad_products)
             if want_input:
                 grad_tiles = torch.bmm(grad_products, filters.transpose(1, 2))
                 _tiles_gradient(transform, grad_tiles.view(t, t, end - start, tiles_h, tiles_w, c_in), tiles_h,
