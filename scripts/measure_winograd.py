@@ -1,22 +1,26 @@
-"""Each 3x3 convolution of a model, forward and backward in fp32 on the CPU: oneDNN's direct kernel against
-Winograd's F(2x2, 3x3) and F(4x4, 3x3) (cifarkit.models.winograd) at several slice sizes, and the path fp32 training
-takes. Writes results/winograd-layers-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS), or --json PATH.
+"""Each 3x3 convolution of a model, forward and backward on the CPU in fp32 or bf16: oneDNN's direct kernel against
+Winograd's F(2x2, 3x3) and F(4x4, 3x3) (cifarkit.models.winograd; F(2x2) alone in bf16) at several slice sizes, and
+the path training takes. Writes results/winograd-layers-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS;
+results/winograd-layers-bf16-KIND.json in bf16), or --json PATH.
 
     python scripts/measure_winograd.py
     python scripts/measure_winograd.py --model fastnet_deep --tile-rows 1536 --rounds 5 --model-rounds 4
+    python scripts/measure_winograd.py --precision bf16 --tile-rows 1536 --rounds 5
 
 The variants take turns within each round, so drift on a shared machine falls on each alike; the median over rounds
 is kept. Winograd computes whole blocks of outputs: a pooled layer's cropped ones, otherwise its outputs rounded up
 to whole blocks (the extra rows and columns are waste). The first convolution gets no input gradient, as in training
 once the whitening bias freezes. Last, whole forward and backward passes of the model under each choice of layers
 (`model_plans`), also taking turns: a layer's gain in the table need not survive in the whole network, where the
-layers share the caches. It runs on the allocator training runs on (core/allocator.py). layers.WINOGRAD_MAX_WIDTH,
-layers.WINOGRAD_UNPOOLED_WIDTHS, layers.WINOGRAD_MAX_TILE and winograd.TILE_ROWS are chosen from these tables. Run it
-alone.
+layers share the caches. In bf16 each layer is also timed as bf16 training computes it (its kernel plan, "as_trained").
+It runs on the allocator training runs on (core/allocator.py). layers.WINOGRAD_MAX_WIDTH,
+layers.WINOGRAD_UNPOOLED_WIDTHS, layers.WINOGRAD_MAX_TILE, the plans' winograd_cropped_max_width and winograd.TILE_ROWS
+are chosen from these tables. Run it alone.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -62,12 +66,26 @@ def winograd_variant(outputs_per_tile: int, tile_rows: int, kept: int):
     return compute
 
 
+def as_trained(conv: layers.Conv3x3):
+    """The layer as bf16 training computes it: its own weight, under autocast, on its kernel plan's path."""
+    def compute(x, weight):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return conv(x)
+    return compute
+
+
 def variant_name(outputs_per_tile: int, tile_rows: int) -> str:
     return f"winograd{outputs_per_tile}_{tile_rows}"
 
 
-def model_plans() -> dict[str, dict[str, object]]:
+def model_plans(precision: str) -> dict[str, dict[str, object]]:
     """The layer choices compared on whole forward + backward passes: the layers.py settings of each."""
+    if precision == "bf16":  # this CPU's kernel plan, without Winograd, and every layer on oneDNN
+        shipped = layers.cpu_plan()
+        plans = {"onednn": layers.KernelPlan(0, 0, 0),
+                 "without_winograd": dataclasses.replace(shipped, winograd_cropped_max_width=0),
+                 "as_trained": shipped}
+        return {name: {"KERNEL_PLANS": dict.fromkeys(layers.KERNEL_PLANS, plan)} for name, plan in plans.items()}
     return {"onednn": {"WINOGRAD_MAX_WIDTH": 0, "WINOGRAD_UNPOOLED_WIDTHS": (), "WINOGRAD_MAX_TILE": 2},
             # The plan before F(4x4, 3x3): F(2x2) on the pooled layers and the unpooled 7x7 one.
             "f2_only": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH, "WINOGRAD_UNPOOLED_WIDTHS": (7,),
@@ -77,27 +95,32 @@ def model_plans() -> dict[str, dict[str, object]]:
                            "WINOGRAD_MAX_TILE": layers.WINOGRAD_MAX_TILE}}
 
 
-def whole_model(name: str, batch_size: int, rounds: int) -> dict:
-    """The model's forward and backward pass in fp32 training under each plan of `model_plans`, taking turns (ABC,
-    CBA, ...) so that drift falls on each alike, with the first convolution's input gradient skipped as after the
+def whole_model(name: str, batch_size: int, rounds: int, precision: str) -> dict:
+    """The model's forward and backward pass in training under each plan of `model_plans`, taking turns (ABC, CBA,
+    ...) so that drift falls on each alike, with the first convolution's input gradient skipped as after the
     whitening bias freezes."""
     model = models.create(name).train()
     for parameter in getattr(model, "whiten", torch.nn.Identity()).parameters():
         parameter.requires_grad_(False)
     x = torch.randn(batch_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
-    plans = model_plans()
+    plans = model_plans(precision)
+
+    def settle(settings: dict) -> None:
+        for key, value in settings.items():
+            setattr(layers, key, value)
+        layers.cpu_plan.cache_clear()  # it reads KERNEL_PLANS once
 
     def step(plan: str) -> float:
         saved = {key: getattr(layers, key) for key in plans[plan]}
-        for key, value in plans[plan].items():
-            setattr(layers, key, value)
+        settle(plans[plan])
         try:
             start = time.perf_counter()
-            model(x).square().mean().backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                loss = model(x).float().square().mean()
+            loss.backward()
             return time.perf_counter() - start
         finally:
-            for key, value in saved.items():
-                setattr(layers, key, value)
+            settle(saved)
             model.zero_grad(set_to_none=True)
 
     for plan in plans:  # warm-up
@@ -109,7 +132,9 @@ def whole_model(name: str, batch_size: int, rounds: int) -> dict:
     medians = {plan: statistics.median(s) for plan, s in samples.items()}
     print("whole model, forward + backward: " + ", ".join(f"{plan} {1e3 * s:.0f} ms" for plan, s in medians.items()),
           flush=True)
-    return {"plans": plans, "median_s": medians, "samples_s": samples}
+    described = {plan: {key: ({kind: dataclasses.asdict(v) for kind, v in value.items()} if key == "KERNEL_PLANS"
+                              else value) for key, value in settings.items()} for plan, settings in plans.items()}
+    return {"plans": described, "median_s": medians, "samples_s": samples}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,22 +145,28 @@ def main(argv: list[str] | None = None) -> None:
                         help="tiles a slice to time, besides winograd.TILE_ROWS")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model-rounds", type=int, default=6, help="rounds of the whole-model comparison")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: in training's autocast, F(2x2, 3x3) alone, and each layer as training takes it")
     parser.add_argument("--json", type=Path, help="where to write the result; relative to the project")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    bf16 = args.precision == "bf16"
+    blocks = (2,) if bf16 else tuple(winograd.TRANSFORMS)
     chosen_rows = winograd.TILE_ROWS
     torch.manual_seed(0)
     rows = []
     for index, (conv, (c_in, h, w)) in enumerate(convolution_inputs(models.create(args.model))):
         x = torch.randn(args.batch_size, c_in, h, w).contiguous(memory_format=torch.channels_last)
-        x.requires_grad_(index > 0)
-        weight = conv.weight.detach().clone().requires_grad_()
-        path = conv.train().path(x.detach().requires_grad_(index > 0))
+        x = x.to(torch.bfloat16 if bf16 else torch.float32).requires_grad_(index > 0)
+        weight = conv.weight
+        path = conv.train().path(x)
         kept = w - 1 if conv.pooled and w % 2 else w
-        tile = layers.winograd_tile(kept)
-        variants = {"onednn": lambda x, weight: F.conv2d(x, weight, padding=1)}
+        tile = layers.BF16_WINOGRAD_TILE if bf16 else layers.winograd_tile(kept)
+        variants = {"onednn": lambda x, weight: F.conv2d(x, weight.to(x.dtype), padding=1)}
+        if bf16:
+            variants["as_trained"] = as_trained(conv)
         # Each block size at the slice sizes asked for and at the one it ships with.
-        variants |= {variant_name(m, r): winograd_variant(m, r, kept) for m in winograd.TRANSFORMS
+        variants |= {variant_name(m, r): winograd_variant(m, r, kept) for m in blocks
                      for r in sorted({*args.tile_rows, chosen_rows[m]})}
         for compute in variants.values():  # warm-up: oneDNN picks its kernels, the allocator fills its caches
             seconds(compute, x, weight)
@@ -146,20 +177,21 @@ def main(argv: list[str] | None = None) -> None:
         medians = {name: statistics.median(s) for name, s in samples.items()}
         rows.append({"c_in": c_in, "c_out": conv.out_channels, "width": w, "pooled": conv.pooled,
                      "input_gradient": index > 0, "kept_outputs": kept, "winograd_tile": tile,
-                     "fp32_training_path": path,
+                     f"{args.precision}_training_path": path,
                      "median_s": medians, "samples_s": samples})
-        takes = f"{path}, F({tile}x{tile})" if path == "winograd" else path  # a block only where one is taken
+        takes = f"{path}, F({tile}x{tile})" if path.startswith("winograd") else path  # a block only where one is taken
         print(f"{c_in:4d} -> {conv.out_channels:4d} at {w:2d}x{w:<2d} {'pooled' if conv.pooled else '      '} "
               f"({takes}): " + ", ".join(f"{name} {1e3 * s:.0f} ms" for name, s in medians.items()), flush=True)
     winograd.TILE_ROWS = chosen_rows
-    model = whole_model(args.model, args.batch_size, args.model_rounds)
+    model = whole_model(args.model, args.batch_size, args.model_rounds, args.precision)
     kind = backends.cpu_kind()
-    out = ROOT / (args.json or Path("results") / f"winograd-layers-{kind}.json")
+    out = ROOT / (args.json or Path("results") / f"winograd-layers-{'bf16-' if bf16 else ''}{kind}.json")
     write_json(out, {
         "command": "python scripts/measure_winograd.py" + (" " + " ".join(argv) if argv else ""),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
         "environment": device.report(torch.device("cpu")), "model": args.model, "batch_size": args.batch_size,
-        "threads": torch.get_num_threads(), "rounds": args.rounds, "tile_rows_chosen": chosen_rows, "layers": rows,
+        "threads": torch.get_num_threads(), "precision": args.precision, "rounds": args.rounds,
+        "tile_rows_chosen": chosen_rows, "layers": rows,
         "whole_model": model,
     })
     print(f"wrote {out}")

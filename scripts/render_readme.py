@@ -589,39 +589,47 @@ def containers_block() -> str:
     return "\n".join(lines)
 
 
-PLAN_NAMES = {"onednn": "every layer on oneDNN", "f2_only": "F(2x2, 3x3) alone, as before F(4x4, 3x3)"}
+PLAN_NAMES = {"onednn": "every layer on oneDNN", "f2_only": "F(2x2, 3x3) alone, as before F(4x4, 3x3)",
+              "without_winograd": "the kernel plan without Winograd"}
 
 
 def winograd_block() -> str:
-    """Each 3x3 layer's forward + backward time in fp32, oneDNN against Winograd's F(2x2, 3x3) and F(4x4, 3x3), per
-    CPU kind measured (scripts/measure_winograd.py), and the path fp32 training takes there."""
+    """Each 3x3 layer's forward + backward time in fp32 or bf16, oneDNN against Winograd's F(2x2, 3x3) and F(4x4,
+    3x3), per CPU kind measured (scripts/measure_winograd.py), and the path training takes there (in bf16, also timed
+    as it takes it)."""
     parts = []
     for path in sorted(RESULTS.glob("winograd-layers-*.json")):
         result = json.loads(path.read_text())
+        precision = result.get("precision", "fp32")
         variants = [name.removeprefix("winograd").split("_") for name in result["layers"][0]["median_s"]
-                    if name != "onednn"]
+                    if name.startswith("winograd")]
         variants = sorted((int(tile), int(rows)) for tile, rows in variants)
         chosen_rows = {int(tile): rows for tile, rows in result["tile_rows_chosen"].items()}
         parts.append(f"{result['cpu_kind']}, {processor_of(result['environment'])}, `{result['model']}`, batch "
                      f"{result['batch_size']:,}, {result['threads']} threads, medians of {result['rounds']} "
                      f"interleaved rounds (`{result['command']}`, `results/{path.name}`):\n")
-        parts.append("| layer | input gradient | fp32 training takes | oneDNN, ms | "
+        timed_as_trained = "as_trained" in result["layers"][0]["median_s"]  # bf16: each layer on its kernel plan
+        parts.append(f"| layer | input gradient | {precision} training takes | oneDNN, ms | "
+                     + ("as training takes it, ms | " if timed_as_trained else "")
                      + " | ".join(f"F({tile}x{tile}), {rows:,} tiles a slice, ms" for tile, rows in variants)
                      + " | oneDNN / training's choice |")
-        parts.append("|---|---|---|---:|" + "---:|" * len(variants) + "---:|")
+        parts.append("|---|---|---|---:|" + "---:|" * (len(variants) + timed_as_trained) + "---:|")
         for layer in result["layers"]:
             medians, tile, kept = layer["median_s"], layer["winograd_tile"], layer["kept_outputs"]
             shape = f"{layer['c_in']} -> {layer['c_out']} at {layer['width']}x{layer['width']}"
             if layer["pooled"]:
                 shape += f", pooled ({kept}x{kept} kept)"
-            winograd = layer["fp32_training_path"] == "winograd"
+            training_path = layer[f"{precision}_training_path"]
+            winograd = training_path.startswith("winograd")
             blocks = tile * -(-kept // tile)
             if winograd and blocks != kept:  # the outputs Winograd computes and crops, where training takes it
                 shape += f" ({blocks}x{blocks} by F({tile}x{tile}))"
-            takes = f"F({tile}x{tile}, 3x3)" if winograd else "oneDNN"
-            chosen = medians[f"winograd{tile}_{chosen_rows[tile]}"] if winograd else medians["onednn"]
+            takes = f"F({tile}x{tile}, 3x3)" if winograd else "oneDNN" if training_path == "plain" else training_path
+            chosen = medians["as_trained"] if timed_as_trained else (
+                medians[f"winograd{tile}_{chosen_rows[tile]}"] if winograd else medians["onednn"])
             parts.append(f"| {shape} | {'yes' if layer['input_gradient'] else 'no'} | {takes} | "
                          f"{1e3 * medians['onednn']:,.0f} | "
+                         + (f"{1e3 * chosen:,.0f} | " if timed_as_trained else "")
                          + " | ".join(f"{1e3 * medians[f'winograd{tile}_{rows}']:,.0f}" for tile, rows in variants)
                          + f" | {medians['onednn'] / chosen:.2f}x |")
         if "whole_model" in result:
@@ -632,7 +640,7 @@ def winograd_block() -> str:
                          f"{rounds} rounds): " + ", ".join(
                              f"{PLAN_NAMES[plan]} {1e3 * s:,.0f} ms ({s / trained:.2f}x training's choice)"
                              for plan, s in whole["median_s"].items() if plan != "as_trained")
-                         + f", as fp32 training takes them {1e3 * trained:,.0f} ms.")
+                         + f", as {precision} training takes them {1e3 * trained:,.0f} ms.")
         parts.append("")
     return "\n".join(parts).rstrip() or "No measurement yet: `python scripts/measure_winograd.py`."
 

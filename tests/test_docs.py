@@ -4,6 +4,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from conftest import ROOT, load_script
 
@@ -42,6 +43,36 @@ def test_serving_goals_name_what_the_model_alone_allows():
         best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
         assert path.name in row and f"| {64_000 / best:.0f} ms |" in row
         assert f"| {best / alone['batch_1_images_per_s']:.2f}x |" in row
+
+
+def test_the_bf16_winograd_table_times_each_layer_as_training_takes_it(tmp_path, monkeypatch):
+    measure = load_script(ROOT / "scripts" / "measure_winograd.py")
+    out = tmp_path / "winograd-layers-bf16-test.json"
+    shipped = dict(measure.layers.KERNEL_PLANS)
+    measure.main(["--model", "fastnet_proxy", "--batch-size", "2", "--tile-rows", "4", "--rounds", "1",
+                  "--model-rounds", "2", "--precision", "bf16", "--json", str(out)])
+    result = json.loads(out.read_text())
+    layers = result["layers"]
+    assert result["precision"] == "bf16" and [layer["winograd_tile"] for layer in layers] == [2] * 6
+    model = measure.models.create("fastnet_proxy").train()
+    expected = [conv.path(torch.zeros(1, conv.in_channels, width, width, dtype=torch.bfloat16, requires_grad=True))
+                for conv, width in zip((m for m in model.modules() if isinstance(m, measure.layers.Conv3x3)),
+                                       (31, 15, 15, 7, 7, 3), strict=True)]
+    assert [layer["bf16_training_path"] for layer in layers] == expected
+    assert set(layers[0]["median_s"]) == {"onednn", "as_trained"} | {
+        f"winograd2_{rows}" for rows in (4, measure.winograd.TILE_ROWS[2])}
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    rows = [line for line in render.winograd_block().splitlines() if line.startswith("| ") and "->" in line]
+    medians = layers[4]["median_s"]
+    assert rows[4].endswith(f"| {1e3 * medians['as_trained']:,.0f} | "
+                            + " | ".join(f"{1e3 * medians[f'winograd2_{r}']:,.0f}"
+                                         for r in sorted({4, measure.winograd.TILE_ROWS[2]}))
+                            + f" | {medians['onednn'] / medians['as_trained']:.2f}x |")
+    assert "bf16 training takes" in render.winograd_block()
+    whole = result["whole_model"]
+    assert set(whole["samples_s"]) == {"onednn", "without_winograd", "as_trained"}
+    assert whole["plans"]["without_winograd"]["KERNEL_PLANS"]["no_amx"]["winograd_cropped_max_width"] == 0
+    assert measure.layers.KERNEL_PLANS == shipped  # the shipped plans are back in place after
 
 
 def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch):
