@@ -206,7 +206,8 @@ def cpu_kind_block() -> str:
         ratio = next((r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == level["concurrency"]),
                      None)
         versus = f"{ratio:.2f}x" if ratio else "n/a"
-        options = f" with `{serve_options(bench)}`" if serve_options(bench) else ""
+        options = serve_options(bench)
+        options = f" with `{options}`" if options else ""
         lines.append(f"| {cpu_kind_of(bench['environment'])} | {processor_of(bench['environment'])} | serving release "
                      f"{bench['model']} through {batched['served']['backend']}{options}, {level['concurrency']} "
                      f"connections | "

@@ -62,10 +62,9 @@ def accuracy_figures(inference: dict, kind: str) -> tuple[dict, str]:
     return inference, f"measured on {measured}" if measured else "measured where the release was made"
 
 
-def refusals(inference: dict, kind: str) -> dict[str, str]:
-    """backend -> why ACCURACY_RULE refuses it on a CPU of `kind`, for each backend of the release that fails the
-    rule (see `accuracy_figures`)."""
-    figures, _ = accuracy_figures(inference, kind)
+def refusals(figures: dict) -> dict[str, str]:
+    """backend -> why ACCURACY_RULE refuses it, for each backend that fails the rule on `figures` (from
+    `accuracy_figures`)."""
     agreement = figures.get("top1_agreement_with_fp32", {})
     accuracy = figures.get("test_acc_by_backend", {})
     refused = {}
@@ -114,7 +113,8 @@ def choose(info: dict | None, device_type: str = "cpu", features: list[str] | No
     inference = (info or {}).get("inference")
     if not inference:
         return Choice(REFERENCE, "no metrics.json records how other backends compare with fp32", kind)
-    refused = refusals(inference, kind)
+    figures, measured_where = accuracy_figures(inference, kind)
+    refused = refusals(figures)
     if device_type != "cpu":  # ONNX Runtime runs on the CPU here; bf16 autocast where the GPU computes it
         if device_type == "cuda" and torch.cuda.is_bf16_supported() and "torch-bf16" not in refused:
             return Choice("torch-bf16", "this GPU computes bf16 natively and bf16 meets the accuracy rule", kind)
@@ -133,4 +133,4 @@ def choose(info: dict | None, device_type: str = "cpu", features: list[str] | No
         reason = f"no speed measured on a {kind} CPU; first of {', '.join(FALLBACK_ORDER)} that is admitted"
     if refused:
         reason += "; not " + "; not ".join(f"{b}: {why}" for b, why in refused.items())
-    return Choice(best, f"{reason}; accuracy rule on the figures {accuracy_figures(inference, kind)[1]}", kind)
+    return Choice(best, f"{reason}; accuracy rule on the figures {measured_where}", kind)

@@ -16,8 +16,9 @@ tensor; they are done in slices of whole images so that a slice's tiles are stil
 them. The layers it was measured on, with the CPU kind, are in docs/recipes-and-speed.md ("Kernel plans").
 
 In bf16 (an input in bf16) the transforms, the products and the input's gradient are bf16 and the weight's gradient
-is summed in fp32. Each transform then rounds, so only F(2x2, 3x3), whose transforms add and subtract, is used there:
-F(4x4)'s larger coefficients multiply bf16's rounding error several times over (tests/test_models.py bounds both).
+is summed in the weight's dtype (fp32 in training). Each transform then rounds, so only F(2x2, 3x3), whose
+transforms add and subtract, is used there: F(4x4)'s larger coefficients multiply bf16's rounding error several
+times over (tests/test_models.py bounds F(2x2)'s error against the direct kernel's).
 """
 from __future__ import annotations
 
