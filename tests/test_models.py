@@ -229,6 +229,26 @@ def test_winograd_skips_the_input_gradient_nobody_asked_for(outputs_per_tile):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("outputs_per_tile", [2, 4])
+def test_winograd_backward_reuses_the_forward_passes_tiles(outputs_per_tile, monkeypatch):
+    # The backward pass reads the tiles that the forward pass transformed, slice by slice, instead of transforming
+    # the input again: one transform per slice in all. Three slices of one image each, the last images' tiles too.
+    monkeypatch.setattr(winograd, "TILE_ROWS", {outputs_per_tile: 1})
+    transformed = []
+    transform_tiles = winograd._transform_tiles
+    monkeypatch.setattr(winograd, "_transform_tiles",
+                        lambda *args: transformed.append(args[1].shape[0]) or transform_tiles(*args))
+    x = torch.randn(3, 4, 7, 7, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 4, 3, 3, dtype=torch.float64, requires_grad=True)
+    out = winograd.WinogradConv3x3.apply(x, weight, 6, 6, outputs_per_tile)
+    grad_output = torch.randn_like(out)
+    out.backward(grad_output)
+    assert transformed == [1, 1, 1]
+    expected = torch.autograd.grad(F.conv2d(x, weight, padding=1)[..., :6, :6], (x, weight), grad_output)
+    torch.testing.assert_close((x.grad, weight.grad), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("outputs_per_tile", sorted(winograd.TRANSFORMS))
 def test_winograd_transforms_as_programs_equal_their_matrices(outputs_per_tile):
     # Each transform and its adjoint, run as the straight-line program with the butterflies taken out, equals the
