@@ -84,7 +84,8 @@ def main() -> None:
     kind = backends.cpu_kind()
     out = ROOT / (args.json or Path("results") / f"profile-ab-{args.recipe}-{kind}.json")
     write_json(out, {
-        "command": f"python scripts/ab_profile.py --before {commit}"
+        "command": "".join(f"{name}={value} " for name, value in device.isa_caps().items())
+                   + f"python scripts/ab_profile.py --before {commit}"
                    + (f" --recipe {args.recipe}" if args.recipe != "fast" else "")
                    + (f" --pairs {args.pairs}" if args.pairs != 3 else "")
                    + (f" --steps {args.steps}" if args.steps != 3 else "")

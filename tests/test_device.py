@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +52,24 @@ def test_native_bf16_means_the_bf16_instructions_not_avx512_alone():
     assert ("avx512" in device.cpu_features()) == ("avx512f" in flags)
     expected = "bf16" if device.cpu_has_bf16() else "fp32"
     assert device.pick_precision("auto", torch.device("cpu")).name == expected
+
+
+@pytest.mark.skipif(not device.is_x86(), reason="the caps are x86 instruction sets")
+def test_env_names_the_isa_caps_that_imitate_an_older_cpu():
+    # A figure taken under the caps is not the CPU's own: the report, which every results file carries, says so,
+    # and the features it reads are the capped ones. A real process: ATen reads its cap when torch loads.
+    capped = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    run = [sys.executable, "-m", "cifarkit", "env"]
+    info = json.loads(subprocess.run(run + ["--json"], env=capped, capture_output=True, text=True,
+                                     check=True).stdout)
+    assert info["isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    assert info["cpu_features"] == (["avx2"] if torch.cpu._is_avx2_supported() else [])
+    text = subprocess.run(run, env=capped, capture_output=True, text=True, check=True).stdout
+    assert "capped by ONEDNN_MAX_CPU_ISA=AVX2, capped by ATEN_CPU_CAPABILITY=avx2" in text
+    uncapped = {name: value for name, value in os.environ.items() if name not in device.ISA_CAP_VARIABLES}
+    info = json.loads(subprocess.run(run + ["--json"], env=uncapped, capture_output=True, text=True,
+                                     check=True).stdout)
+    assert info["isa_caps"] == {}
 
 
 @pytest.mark.unit

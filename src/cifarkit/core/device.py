@@ -44,6 +44,16 @@ ONEDNN_ISA_CAPS = {
 }
 
 
+# The variables that cap the instruction sets torch computes with, to imitate an older CPU on a newer one: oneDNN's
+# (which cpu_features also honours) and ATen's vectorized kernels'. A figure taken under them is not this CPU's.
+ISA_CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+
+
+def isa_caps() -> dict[str, str]:
+    """The ISA_CAP_VARIABLES set in this process's environment, by name."""
+    return {name: os.environ[name] for name in ISA_CAP_VARIABLES if os.environ.get(name)}
+
+
 def cpu_features() -> list[str]:
     """The X86_FEATURES this CPU has, less those above ONEDNN_MAX_CPU_ISA where it is set; [] elsewhere (an Arm CPU's
     bf16 shows in cpu_has_bf16 alone)."""
@@ -142,6 +152,7 @@ def report(device: torch.device | None = None) -> dict:
         "allocator": allocator.in_use(),
         "cpu_bf16": cpu_has_bf16(),
         "cpu_features": cpu_features(),
+        "isa_caps": isa_caps(),
         "cuda_available": torch.cuda.is_available(),
         "cuda_version": torch.version.cuda,
         "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
@@ -202,6 +213,7 @@ def describe(info: dict) -> list[str]:
     """The report as short human-readable lines."""
     details = [info["cpu_model"]] if info.get("cpu_model") else []
     details += info.get("cpu_features") or []
+    details += [f"capped by {name}={value}" for name, value in (info.get("isa_caps") or {}).items()]
     cpu_details = f" ({', '.join(details)})" if details else ""
     lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
              f"CPU: {info['processor']}{cpu_details}, {info['threads']} threads, {info['memory_gib']} GiB RAM, "
