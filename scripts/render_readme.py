@@ -20,6 +20,7 @@ from cifarkit import models
 from cifarkit.artifacts.releases import SHIPPED
 from cifarkit.core.files import write_text
 from cifarkit.inference import backends
+from cifarkit.models.winograd import blocks as winograd_blocks
 from cifarkit.release.compare import compare
 from cifarkit.tools.benchmark import device_table
 from cifarkit.tools.speedrun import describe_difference, difference_of_means
@@ -252,8 +253,9 @@ def gpu_block() -> str:
 
 def processor_of(environment: dict, *details: str) -> str:
     """The processor's name, with its x86 family and model where recorded (VMs name Zen 3, 4 and 5 alike "AMD EPYC"),
-    and `details`."""
-    details = (environment["cpu_model"], *details) if environment.get("cpu_model") else details
+    the ISA caps that made it imitate an older CPU, and `details`."""
+    caps = [f"capped by {name}={value}" for name, value in (environment.get("isa_caps") or {}).items()]
+    details = ((environment["cpu_model"],) if environment.get("cpu_model") else ()) + (*caps, *details)
     return f"{environment['processor']} ({', '.join(details)})" if details else environment["processor"]
 
 
@@ -622,9 +624,9 @@ def winograd_block() -> str:
                 shape += f", pooled ({kept}x{kept} kept)"
             training_path = layer[f"{precision}_training_path"]
             winograd = training_path.startswith("winograd")
-            blocks = tile * -(-kept // tile)
-            if winograd and blocks != kept:  # the outputs Winograd computes and crops, where training takes it
-                shape += f" ({blocks}x{blocks} by F({tile}x{tile}))"
+            computed = tile * winograd_blocks(kept, tile)
+            if winograd and computed != kept:  # the outputs Winograd computes and crops, where training takes it
+                shape += f" ({computed}x{computed} by F({tile}x{tile}))"
             takes = f"F({tile}x{tile}, 3x3)" if winograd else "oneDNN" if training_path == "plain" else training_path
             chosen = medians["as_trained"] if timed_as_trained else (
                 medians[f"winograd{tile}_{chosen_rows[tile]}"] if winograd else medians["onednn"])

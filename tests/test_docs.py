@@ -141,3 +141,12 @@ def test_gpu_speed_runs_have_their_own_table(tmp_path, monkeypatch):
     assert "| 5.0 s / 8.0 s | NVIDIA H200 |" in render.speedrun_block()
     (tmp_path / "speedrun-fast-cuda.json").unlink()
     assert render.gpu_block().startswith("No GPU measured yet")
+
+
+def test_a_figure_taken_under_isa_caps_names_them_beside_the_processor():
+    # An AVX-512 CPU capped to AVX2 measures as an AVX2 kind, but it is not an AVX2 CPU: the rows say so.
+    environment = {"processor": "AMD EPYC", "cpu_model": "family 25 model 17",
+                   "isa_caps": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+    assert render.processor_of(environment, "AMX") == ("AMD EPYC (family 25 model 17, capped by ONEDNN_MAX_CPU_ISA="
+                                                       "AVX2, capped by ATEN_CPU_CAPABILITY=avx2, AMX)")
+    assert render.processor_of({"processor": "AMD EPYC", "isa_caps": {}}) == "AMD EPYC"

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cifarkit.core.device import cpu_features
-from cifarkit.models.winograd import TRANSFORMS, WinogradConv3x3
+from cifarkit.models.winograd import TRANSFORMS, WinogradConv3x3, blocks
 
 # Rows of the shifted-copy matrix per matmul: few enough that each matmul reads its copies while they are still in
 # cache (41 images at 7x7, 9 MB of copies for 256 channels, against 452 MB for the whole batch), enough that the
@@ -126,7 +126,7 @@ def winograd_tile(kept: int) -> int:
     """The Winograd block with the fewest products for `kept` x `kept` outputs: (m + 2)^2 for each of the
     ceil(kept / m)^2 blocks of m x m. A tie goes to the smaller block, whose transforms cost less per product:
     fastnet's 14x14 and 8x8 (unpooled 7x7) outputs take F(4x4), its 6x6 ones F(2x2)."""
-    return min((m for m in TRANSFORMS if m <= WINOGRAD_MAX_TILE), key=lambda m: ((m + 2) * -(-kept // m), m))
+    return min((m for m in TRANSFORMS if m <= WINOGRAD_MAX_TILE), key=lambda m: ((m + 2) * blocks(kept, m), m))
 
 
 @functools.cache

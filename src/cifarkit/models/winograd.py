@@ -67,6 +67,11 @@ TRANSFORMS = {
 TILE_ROWS = {2: 1536, 4: 1536}
 
 
+def blocks(size: int, outputs_per_tile: int) -> int:
+    """Blocks of `outputs_per_tile` outputs that cover `size` of them: the last one may stick out (and is cropped)."""
+    return -(-size // outputs_per_tile)
+
+
 def _slices(images: int, tiles_per_image: int, outputs_per_tile: int) -> list[tuple[int, int]]:
     step = max(1, TILE_ROWS[outputs_per_tile] // tiles_per_image)
     return [(start, min(images, start + step)) for start in range(0, images, step)]
@@ -251,7 +256,7 @@ class WinogradConv3x3(torch.autograd.Function):
         m, t = transform.outputs, transform.size
         n, c_in, h, w = x.shape
         c_out = weight.shape[0]
-        tiles_h, tiles_w = -(-out_h // m), -(-out_w // m)
+        tiles_h, tiles_w = blocks(out_h, m), blocks(out_w, m)
         # Channels last: each tile's channels are contiguous, the matmuls' inner dimension.
         padded = F.pad(x.permute(0, 2, 3, 1), (0, 0, 1, m * tiles_w + 1 - w, 1, m * tiles_h + 1 - h)).contiguous()
         filters = _transform_filters(transform, weight).to(x.dtype)
@@ -278,7 +283,7 @@ class WinogradConv3x3(torch.autograd.Function):
         m, t = transform.outputs, transform.size
         n, c_in = grad_output.shape[0], ctx.input_channels
         c_out, out_h, out_w = grad_output.shape[1:]
-        tiles_h, tiles_w = -(-out_h // m), -(-out_w // m)
+        tiles_h, tiles_w = blocks(out_h, m), blocks(out_w, m)
         grad_nhwc = grad_output.permute(0, 2, 3, 1)
         if (out_h, out_w) != (m * tiles_h, m * tiles_w):
             # The rounded-up rows and columns were cropped away: their gradient is zero. Only then: a pad copies.
