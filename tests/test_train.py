@@ -128,6 +128,18 @@ def test_val_split_selects_the_checkpoint_on_single_views_and_reads_the_last_wit
     assert records[-1]["val_tta_loss"] != records[-1]["val_loss"]
 
 
+@pytest.mark.skipif(not device.is_x86(), reason="the cap is an x86 instruction set")
+def test_a_run_under_an_isa_cap_records_the_cap_beside_the_capped_features(cifar_home, tmp_path, monkeypatch):
+    # Imitating an AVX2 CPU on a newer one: config.yaml and train.log say the features are capped, and by what.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    out = tmp_path / "run"
+    train.run(load_recipe("simplecnn", ["train.epochs=1", "data.subset=100"]), out=out)
+    run = yaml.safe_load((out / "config.yaml").read_text())["run"]
+    assert run["isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and set(run["cpu_features"]) <= {"avx2"}
+    assert "capped by ONEDNN_MAX_CPU_ISA=AVX2" in (out / "train.log").read_text()
+
+
 def test_eval_command(cifar_home, tmp_path, capsys):
     out = tmp_path / "run"
     summary = train.run(load_recipe("simplecnn", ["train.epochs=1", "data.subset=500"]), out=out)
