@@ -262,7 +262,7 @@ class WinogradConv3x3(torch.autograd.Function):
         filters = _transform_filters(transform, weight).to(x.dtype)
         out = x.new_empty(n, tiles_h, m, tiles_w, m, c_out)
         # The transformed tiles are kept for the backward pass, which would otherwise make them again: t^2 / m^2 x
-        # the outputs' size in memory (4x for F(2x2), 2.25x for F(4x4)) against a second transform of every tile.
+        # the input's size in memory (4x for F(2x2), 2.25x for F(4x4)) against a second transform of every tile.
         tiles = x.new_empty(t * t * n * tiles_h * tiles_w * c_in)
         for start, end in _slices(n, tiles_h * tiles_w, m):
             slice_tiles = _slice_tiles(tiles, start, end, t * t, tiles_h, tiles_w, c_in)
