@@ -193,12 +193,16 @@ def cpu_kind_block() -> str:
             continue
         profiled = json.loads(path.read_text())
         peak = profiled["matmul_peak"]
+        # Files from before the computed count have only the direct one.
+        rate, counted = next((profiled[key], what) for key, what in (
+            ("convolution_computed_flop_per_s", "of the products computed"),
+            ("convolution_flop_per_s", "counted as direct convolutions")) if profiled.get(key))
         lines.append(f"| {cpu_kind_of(profiled['environment'])} | {processor_of(profiled['environment'])} | "
                      f"`{profiled['recipe']}` step's convolutions, {profiled['precision']}, batch "
-                     f"{profiled['batch_size']:,} | {profiled['convolution_flop_per_s'] / 1e12:.3f} TFLOP/s counted "
-                     f"as direct convolutions, {profiled['convolution_flop_per_s'] / peak['flop_per_s']:.2f}x a "
-                     f"{peak['size']}^3 {peak['dtype']} matmul's {peak['flop_per_s'] / 1e12:.3f} in the same run; "
-                     f"{profiled['step_s']:.1f} s per step | `{profiled['command']}` (`results/{path.name}`) |")
+                     f"{profiled['batch_size']:,} | {rate / 1e12:.3f} TFLOP/s {counted}, "
+                     f"{rate / peak['flop_per_s']:.2f}x a {peak['size']}^3 {peak['dtype']} matmul's "
+                     f"{peak['flop_per_s'] / 1e12:.3f} in the same run; {profiled['step_s']:.1f} s per step | "
+                     f"`{profiled['command']}` (`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("serve-bench*.json")):
         bench = json.loads(path.read_text())
         batched = bench["servers"]["batched"]

@@ -289,9 +289,12 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     # Their FLOP rate (forward, input and weight gradients: 3 x 2 FLOPs per multiply-add) beside a matmul's peak
     macs = profiling.convolution_macs(models.create("fastnet"), result["image_size"])
     assert result["convolution_flop_per_s"] == pytest.approx(6 * macs * 100 / convolutions)
+    # ... and as the products the step computes: fewer (cropped outputs, Winograd, the frozen whitening filters)
+    assert 0 < result["convolution_computed_flop_per_s"] < result["convolution_flop_per_s"]
     peak = result["matmul_peak"]
     assert peak["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[result["precision"]] and peak["flop_per_s"] > 0
-    assert f"of a 2048^3 {peak['dtype']} matmul's" in printed
+    share = 100 * result["convolution_computed_flop_per_s"] / peak["flop_per_s"]
+    assert f"{share:.0f}% of a 2048^3 {peak['dtype']} matmul's" in printed
     # The timed steps are the first epoch's, at its crop size when the recipe starts on low-resolution crops.
     augment = load_recipe("fast").data.augment
     side = augment.early_crop if augment.early_crop_epochs else 32
@@ -300,7 +303,8 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     render = load_script(ROOT / "scripts" / "render_readme.py")
     monkeypatch.setattr(render, "RESULTS", tmp_path)
     row = next(line for line in render.cpu_kind_block().splitlines() if "step's convolutions" in line)
-    assert f"{result['convolution_flop_per_s'] / peak['flop_per_s']:.2f}x a 2048^3 {peak['dtype']} matmul's" in row
+    assert f"TFLOP/s of the products computed, {result['convolution_computed_flop_per_s'] / peak['flop_per_s']:.2f}x " \
+        f"a 2048^3 {peak['dtype']} matmul's" in row
     assert row.endswith(f"| `{result['command']}` (`results/{out.name}`) |")
 
 
@@ -308,6 +312,19 @@ def test_convolution_macs_are_counted_per_image():
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.MaxPool2d(2),
                               torch.nn.Conv2d(8, 4, 1, groups=2))
     assert profiling.convolution_macs(net, [32, 32]) == 32 * 32 * 8 * 3 * 9 + 16 * 16 * 4 * 4
+
+
+def test_computed_convolution_products_follow_each_layers_training_path():
+    # fp32 training on the CPU: the pooled 7x7 layer computes its kept 6x6 outputs by F(2x2) (9 blocks of 16
+    # products) and has no input gradient (its input needs none); the unpooled 3x3 layer takes F(4x4) on 4x4 (one
+    # block of 36), with both gradients. Whatever the CPU: fp32's paths do not depend on its kernel plan.
+    net = torch.nn.Sequential(Conv3x3(3, 8, pooled=True), torch.nn.MaxPool2d(2), Conv3x3(8, 8))
+    assert profiling.computed_convolution_macs(net, [7, 7], None) == 2 * 9 * 16 * 3 * 8 + 3 * 36 * 8 * 8
+    assert profiling.convolution_macs(net, [7, 7]) == 49 * 9 * 3 * 8 + 9 * 9 * 8 * 8  # as direct, every output
+    assert net.training  # counted on a copy: the model is as it was
+    # A frozen first layer: the plain path (all 49 outputs) and its forward alone; the next input needs no gradient.
+    net[0].weight.requires_grad_(False)
+    assert profiling.computed_convolution_macs(net, [7, 7], None) == 49 * 9 * 3 * 8 + 2 * 36 * 8 * 8
 
 
 def test_profile_counts_conv3x3_s_matmul_weight_gradient_as_the_convolution_s():

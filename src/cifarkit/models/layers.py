@@ -169,20 +169,36 @@ class Conv3x3(nn.Conv2d):
             return "onednn-cropped"
         return "plain"
 
+    def computed_outputs(self, path: str, h: int, w: int) -> tuple[int, int, int]:
+        """The rows and columns of outputs that `path` computes on an h x w input (a pooled layer's kept ones where
+        the path crops), and its Winograd block (0: none)."""
+        if path == "winograd":
+            crop = int(self.pooled)  # a pooled layer's path is Winograd only where its size is odd
+            return h - crop, w - crop, winograd_tile(max(h, w) - crop)
+        if path == "winograd-bf16":
+            return h - 1, w - 1, BF16_WINOGRAD_TILE
+        if path in ("matmul-cropped", "onednn-cropped"):
+            return h - 1, w - 1, 0
+        return h, w, 0
+
+    def multiply_adds(self, x: torch.Tensor) -> int:
+        """The forward pass's multiply-adds per image of `x`, as this layer computes them here and now: 9 per output
+        it computes, or Winograd's (m + 2)^2 per block of m x m outputs, for each pair of channels."""
+        rows, columns, tile = self.computed_outputs(self.path(x), *x.shape[-2:])
+        products = blocks(rows, tile) * blocks(columns, tile) * (tile + 2) ** 2 if tile else rows * columns * 9
+        return products * self.in_channels * self.out_channels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         path = self.path(x)
         if path == "plain":
             return super().forward(x)
         if path == "winograd":
-            h, w = x.shape[-2:]
-            crop = int(self.pooled)  # a pooled layer's path is Winograd only where its size is odd
-            return WinogradConv3x3.apply(x, self.weight, h - crop, w - crop, winograd_tile(max(h, w) - crop))
+            return WinogradConv3x3.apply(x, self.weight, *self.computed_outputs(path, *x.shape[-2:]))
         # The input cast autocast would make inside conv2d, made here.
         with torch.autocast("cpu", enabled=False):
             low = x.to(torch.bfloat16)
             if path == "winograd-bf16":
-                h, w = low.shape[-2:]
-                return WinogradConv3x3.apply(low, self.weight, h - 1, w - 1, BF16_WINOGRAD_TILE)
+                return WinogradConv3x3.apply(low, self.weight, *self.computed_outputs(path, *low.shape[-2:]))
             if path == "onednn-cropped":
                 return F.conv2d(F.pad(low, (1, 0, 1, 0)), self.weight.to(torch.bfloat16))
             padding = (1, 0, 1, 0) if path == "matmul-cropped" else (1, 1, 1, 1)  # left, right, top, bottom
