@@ -18,6 +18,7 @@ from pathlib import Path
 
 from cifarkit import models
 from cifarkit.artifacts.releases import SHIPPED
+from cifarkit.core import device
 from cifarkit.core.files import write_text
 from cifarkit.inference import backends
 from cifarkit.models.winograd import blocks as winograd_blocks
@@ -258,7 +259,7 @@ def gpu_block() -> str:
 def processor_of(environment: dict, *details: str) -> str:
     """The processor's name, with its x86 family and model where recorded (VMs name Zen 3, 4 and 5 alike "AMD EPYC"),
     the ISA caps that made it imitate an older CPU, and `details`."""
-    caps = [f"capped by {name}={value}" for name, value in (environment.get("isa_caps") or {}).items()]
+    caps = device.caps_text(environment.get("isa_caps") or {})
     details = ((environment["cpu_model"],) if environment.get("cpu_model") else ()) + (*caps, *details)
     return f"{environment['processor']} ({', '.join(details)})" if details else environment["processor"]
 

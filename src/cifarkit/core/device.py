@@ -54,6 +54,11 @@ def isa_caps() -> dict[str, str]:
     return {name: os.environ[name] for name in ISA_CAP_VARIABLES if os.environ.get(name)}
 
 
+def caps_text(caps: dict[str, str]) -> list[str]:
+    """`isa_caps()` as the words a report or a table shows beside the CPU's features."""
+    return [f"capped by {name}={value}" for name, value in caps.items()]
+
+
 def cpu_features() -> list[str]:
     """The X86_FEATURES this CPU has, less those above ONEDNN_MAX_CPU_ISA where it is set; [] elsewhere (an Arm CPU's
     bf16 shows in cpu_has_bf16 alone)."""
@@ -213,7 +218,7 @@ def describe(info: dict) -> list[str]:
     """The report as short human-readable lines."""
     details = [info["cpu_model"]] if info.get("cpu_model") else []
     details += info.get("cpu_features") or []
-    details += [f"capped by {name}={value}" for name, value in (info.get("isa_caps") or {}).items()]
+    details += caps_text(info.get("isa_caps") or {})
     cpu_details = f" ({', '.join(details)})" if details else ""
     lines = [f"torch {info['torch']} on Python {info['python']}, {info['platform']}",
              f"CPU: {info['processor']}{cpu_details}, {info['threads']} threads, {info['memory_gib']} GiB RAM, "

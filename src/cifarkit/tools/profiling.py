@@ -123,13 +123,18 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     }
 
 
+def _direct_macs(conv: torch.nn.Conv2d, image_output: torch.Tensor) -> int:
+    """Multiply-adds of a direct convolution that made `image_output`, one image's output."""
+    return image_output.numel() * conv.in_channels // conv.groups * conv.kernel_size[0] * conv.kernel_size[1]
+
+
 def convolution_macs(model: torch.nn.Module, image_size: list[int]) -> int:
     """Multiply-adds of the model's convolutions for one image of `image_size`, counted by hooks on a forward pass."""
     total = 0
 
     def count(module, inputs, output):
         nonlocal total
-        total += output.numel() * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+        total += _direct_macs(module, output[0])
 
     convolutions = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     hooks = [m.register_forward_hook(count) for m in convolutions]
@@ -156,8 +161,7 @@ def computed_convolution_macs(model: torch.nn.Module, image_size: list[int], aut
     def count(module, inputs, output):
         nonlocal total
         x = inputs[0]
-        forward = module.multiply_adds(x) if isinstance(module, Conv3x3) else \
-            output[0].numel() * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+        forward = module.multiply_adds(x) if isinstance(module, Conv3x3) else _direct_macs(module, output[0])
         total += forward * (1 + int(x.requires_grad) + int(module.weight.requires_grad))
 
     twin = copy.deepcopy(model).train()

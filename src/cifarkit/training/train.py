@@ -218,8 +218,8 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
                 "allocator": allocator.in_use(), "cpu_features": cpu_features(), "dataset_sha256": dataset.sha256,
                 "train_images": len(loader.images), "val_images": len(val[0]), "threads": torch.get_num_threads()}
-    if isa_caps():  # imitating an older CPU: cpu_features are the capped ones, and this says why
-        run_info["isa_caps"] = isa_caps()
+    if caps := isa_caps():  # imitating an older CPU: cpu_features are the capped ones, and this says why
+        run_info["isa_caps"] = caps
     orthogonalize_dtype = getattr(state.optimizer, "orthogonalize_dtype", None)
     if orthogonalize_dtype is not None:  # Muon's Newton-Schulz precision, which need not be the training precision
         run_info["newton_schulz_dtype"] = str(orthogonalize_dtype).removeprefix("torch.")
