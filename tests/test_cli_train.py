@@ -72,6 +72,9 @@ def test_counts_out_of_range_are_argument_errors(capsys, argv, message):
     (["train", "--recipe", "cifar10net", "--set", "train.whiten_bias_epochs=3"],
      "train.whiten_bias_epochs is set, but model cifar10net has no whitening layer; "
      "remove the setting (or use fastnet)"),
+    (["train", "--recipe", "cifar10net", "--set", "train.group_train_epochs=[3]"],
+     "train.group_train_epochs=[3] lists more conv groups than model cifar10net has (0); list at most 0, or use a "
+     "fastnet model"),
     (["train", "--seed", "-1"], f"bad value for train.seed: -1 (a seed is a whole number from 0 to {MAX_SEED:,})"),
     # seed * 100_003 + epoch seeds an epoch's generator: this one would overflow torch's 64 bits mid-run.
     (["train", "--seed", str(10**15)], "bad value for train.seed"),

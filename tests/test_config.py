@@ -41,6 +41,10 @@ def test_overrides_are_typed_and_dotted():
     ("train.epochs=2.5", r"bad value for train.epochs"),
     ("train.epochs=0", r"bad value for train.epochs: 0 \(must be > 0\)"),
     ("train.whiten_bias_epochs=-1", r"bad value for train.whiten_bias_epochs: -1 \(must be >= 0\)"),
+    ("train.group_train_epochs=[6, -1]", r"bad value for train.group_train_epochs: \[6, -1\] \(epochs per conv "
+                                         r"group, each >= 0\)"),
+    ("train.group_train_epochs=6", r"bad value for train.group_train_epochs: 6 \(expected tuple\[int, \.\.\.\] "
+                                   r"\| None\)"),
     ("train.tta_share=1.5", r"bad value for train.tta_share: 1.5 \(a share of the test images, from 0 to 1\)"),
     ("optim.name=lion", r"bad value for optim.name: 'lion' \(choose from sgd, adam, adamw, muon\)"),
     ("data.mean=[0.5]", r"bad value for data.mean"),

@@ -179,6 +179,27 @@ def test_whitening_bias_trains_for_its_epochs_then_freezes(cifar_home, tmp_path,
     assert not torch.equal(after_epoch[2]["head.2.weight"], after_epoch[1]["head.2.weight"])  # the rest trains on
 
 
+def test_conv_groups_train_for_their_epochs_then_freeze_without_a_backward_pass(cifar_home, tmp_path, monkeypatch):
+    after_epoch, graded = [], []
+
+    def recording(state, *args, **kwargs):
+        stats = real_epoch(state, *args, **kwargs)
+        after_epoch.append({k: v.clone() for k, v in state.model.state_dict().items()})
+        graded.append([group[0].weight.grad is not None for group in state.model.conv_groups])
+        return stats
+    real_epoch = train.train_one_epoch
+    monkeypatch.setattr(train, "train_one_epoch", recording)
+    train.run(load_recipe("fast", ["train.epochs=3", "train.group_train_epochs=[1, 2]", "train.batch_size=100",
+                                   "data.subset=300", "train.tta=false"]), out=tmp_path / "run")
+    # body.1 is the first conv group, body.2 the second: each stops where its epochs end, body.3 trains on.
+    changed = [[not torch.equal(after_epoch[e][f"body.{g}.0.weight"], after_epoch[e - 1][f"body.{g}.0.weight"])
+                for g in (1, 2, 3)] for e in (1, 2)]
+    assert changed == [[False, True, True], [False, False, True]]
+    assert torch.equal(after_epoch[2]["body.1.2.bias"], after_epoch[0]["body.1.2.bias"])  # its BatchNorm shift too
+    assert graded == [[True, True, True], [False, True, True], [False, False, True]]
+    assert all(torch.equal(after_epoch[2][f"body.{g}.2.weight"], torch.ones(w)) for g, w in ((1, 64), (2, 256)))
+
+
 def test_speedrun_command(cifar_home, tmp_path, capsys):
     out = tmp_path / "speed"
     assert main(["speedrun", "--recipe", "simplecnn", "--runs", "2", "--target", "0.1", "--set", "train.epochs=2",
@@ -286,6 +307,19 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     assert result["convolutions_s_per_run"] == pytest.approx(
         convolutions * result["steps_per_epoch"] * load_recipe("fast").train.epochs)
     assert f"the convolutions alone, forward and backward: {result['convolutions_s_per_run']:.0f} s" in printed
+    # Each stretch of epochs that trains the same parameters has its own step time: the whitening bias and the conv
+    # groups freeze as the recipe says, and the run's steps add up from them.
+    fast = load_recipe("fast").train
+    stretches = result["step_s_by_epochs"]
+    assert stretches[0] == {"epochs": [1, 1], "frozen": [], "step_s": result["step_s"]}
+    assert stretches[1]["epochs"][0] == 2 and stretches[1]["frozen"] == ["whiten.bias"]
+    assert [s["epochs"][0] for s in stretches[1:]] == [s["epochs"][1] + 1 for s in stretches[:-1]]
+    assert stretches[-1]["epochs"][1] == fast.epochs and all(s["step_s"] > 0 for s in stretches)
+    frozen_groups = [f"body.{g}" for g, epochs in enumerate(fast.group_train_epochs or (), 1) if epochs < fast.epochs]
+    assert set(frozen_groups) <= set(stretches[-1]["frozen"])
+    assert result["training_steps_s_per_run"] == pytest.approx(result["steps_per_epoch"] * sum(
+        s["step_s"] * (s["epochs"][1] - s["epochs"][0] + 1) for s in stretches))
+    assert f"a step as each stretch of epochs trains: epoch 1 {1000 * result['step_s']:.1f} ms; epochs 2-" in printed
     # Their FLOP rate (forward, input and weight gradients: 3 x 2 FLOPs per multiply-add) beside a matmul's peak
     macs = profiling.convolution_macs(models.create("fastnet"), result["image_size"])
     assert result["convolution_flop_per_s"] == pytest.approx(6 * macs * 100 / convolutions)

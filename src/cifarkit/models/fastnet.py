@@ -76,6 +76,11 @@ class FastNet(nn.Module):
     def forward(self, x):
         return self.head(self.body(self.whiten(x))) * LOGIT_SCALE
 
+    @property
+    def conv_groups(self) -> list[ConvGroup]:
+        """The conv groups, input side first: the units that `train.group_train_epochs` freezes."""
+        return [module for module in self.body if isinstance(module, ConvGroup)]
+
     @torch.no_grad()
     def init_from_data(self, images: torch.Tensor) -> None:
         """Set the whitening filters from normalized training images (N x 3 x 32 x 32)."""

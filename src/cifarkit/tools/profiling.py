@@ -82,6 +82,7 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     with _native_stderr_silenced():
         profiled.stop()
     parts, profiled_step_s = _step_parts(profiled.events(), steps)
+    stretches = _steps_by_what_trains(state, cfg, step_s, train_steps, steps, device)
 
     test_x, test_y = setup.test
     count = min(eval_images, len(test_y))
@@ -114,6 +115,9 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
         "parts_s": parts,
         "epochs": cfg.epochs,
         "convolutions_s_per_run": convolutions_s * setup.loader.steps_per_epoch * cfg.epochs,
+        "step_s_by_epochs": stretches,
+        "training_steps_s_per_run": setup.loader.steps_per_epoch * sum(
+            stretch["step_s"] * (stretch["epochs"][1] - stretch["epochs"][0] + 1) for stretch in stretches),
         "convolution_flop_per_s": convolution_flop / convolutions_s if convolutions_s else None,
         "convolution_computed_flop_per_s": computed_flop / convolutions_s if convolutions_s else None,
         "matmul_peak": peak,
@@ -121,6 +125,32 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
                        "test_pass_s": eval_s_per_image * len(test_y), "test_images": len(test_y)},
         "environment": report(device),
     }
+
+
+def _steps_by_what_trains(state, cfg, first_step_s: float, train_steps, steps: int, device) -> list[dict]:
+    """The step's time in each stretch of epochs that trains the same parameters: a frozen whitening bias or conv
+    group (`train.freeze_for_epoch`) makes later steps cheaper. Epoch 1's step is the one timed before; each later
+    stretch is timed as plainly, after a warm-up step, on the same batches."""
+    trained = {id(p) for group in state.optimizer.param_groups for p in group["params"]}
+    stretches = []
+    for epoch in range(1, cfg.epochs + 1):
+        train.freeze_for_epoch(state, cfg, epoch)
+        frozen = sorted({".".join(name.split(".")[:2]) for name, p in state.model.named_parameters()
+                         if id(p) in trained and not p.requires_grad})
+        if stretches and stretches[-1]["frozen"] == frozen:
+            stretches[-1]["epochs"][1] = epoch
+        else:
+            stretches.append({"epochs": [epoch, epoch], "frozen": frozen})
+    stretches[0]["step_s"] = first_step_s
+    for stretch in stretches[1:]:
+        train.freeze_for_epoch(state, cfg, stretch["epochs"][0])
+        train_steps(1)
+        started = time.perf_counter()
+        train_steps(steps)
+        _synchronize(device)
+        stretch["step_s"] = (time.perf_counter() - started) / steps
+    train.freeze_for_epoch(state, cfg, 1)
+    return stretches
 
 
 def _direct_macs(conv: torch.nn.Conv2d, image_output: torch.Tensor) -> int:
@@ -256,6 +286,10 @@ def _ancestors(event):
         parent = parent.cpu_parent
 
 
+def _epochs_text(epochs: list[int]) -> str:
+    return f"epoch {epochs[0]}" if epochs[0] == epochs[1] else f"epochs {epochs[0]}-{epochs[1]}"
+
+
 def table(result: dict) -> str:
     lines = describe(result["environment"]) + [
         "",
@@ -290,7 +324,13 @@ def table(result: dict) -> str:
                      f"{100 * computed / peak['flop_per_s']:.0f}% of a {peak['size']}^3 {peak['dtype']} matmul's "
                      f"{peak['flop_per_s'] / 1e12:.3f} TFLOP/s measured in the same run; counted as direct "
                      f"convolutions, forward and both gradients, {result['convolution_flop_per_s'] / 1e12:.3f}")
+    if len(result["step_s_by_epochs"]) > 1:
+        stretches = "; ".join(f"{_epochs_text(s['epochs'])} {1000 * s['step_s']:.1f} ms"
+                              f"{' (frozen: ' + ', '.join(s['frozen']) + ')' if s['frozen'] else ''}"
+                              for s in result["step_s_by_epochs"])
+        lines.append(f"a step as each stretch of epochs trains: {stretches}; the run's training steps "
+                     f"{result['training_steps_s_per_run']:.0f} s")
     lines.append(f"the convolutions alone, forward and backward: {result['convolutions_s_per_run']:.0f} s over the "
-                 f"recipe's {result['epochs']} epochs at this step's cost, the least a run takes here if everything "
-                 f"else took no time")
+                 f"recipe's {result['epochs']} epochs at epoch 1's step cost, the least a run takes here if everything "
+                 f"else took no time and nothing froze")
     return "\n".join(lines)

@@ -70,6 +70,10 @@ class TrainConfig:
     # Epochs the whitening layer's bias trains before it freezes (FastNet); None: it trains throughout. Frozen, the
     # first convolution's input gradient is not needed, and steps get cheaper (docs/recipes-and-speed.md).
     whiten_bias_epochs: int | None = None
+    # FreezeOut (Brock et al. 2017): epochs each conv group trains, first group first, before it freezes with its
+    # BatchNorm shifts; a group not listed trains throughout. A frozen group, and every group before it, needs no
+    # backward pass, and late in a decaying schedule an early group's steps are small.
+    group_train_epochs: tuple[int, ...] | None = None
     # Train on the hardest fraction of each batch, as a small proxy model's loss ranks its images (airbench96's data
     # filtering; engine.HardestSelector); None: on every image. The proxy learns on one step in select_proxy_every.
     select_fraction: float | None = None
@@ -134,6 +138,8 @@ def _coerce(value, annotation, key: str):
         raise CifarkitError(f"bad value for {key}: {value!r} (expected {_type_name(annotation)})")
     if origin is tuple:
         item_types = typing.get_args(annotation)
+        if item_types[-1] is Ellipsis and isinstance(value, (list, tuple)):  # tuple[int, ...]: any length
+            item_types = (item_types[0],) * len(value)
         if not isinstance(value, (list, tuple)) or len(value) != len(item_types):
             raise CifarkitError(f"bad value for {key}: {value!r} (expected a list of {len(item_types)} numbers)")
         return tuple(_coerce(v, t, key) for v, t in zip(value, item_types))
@@ -190,6 +196,9 @@ def _check_ranges(recipe: Recipe) -> None:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
     if recipe.train.whiten_bias_epochs is not None and recipe.train.whiten_bias_epochs < 0:
         raise CifarkitError(f"bad value for train.whiten_bias_epochs: {recipe.train.whiten_bias_epochs} (must be >= 0)")
+    if any(epochs < 0 for epochs in recipe.train.group_train_epochs or ()):
+        raise CifarkitError(f"bad value for train.group_train_epochs: {list(recipe.train.group_train_epochs)} "
+                            "(epochs per conv group, each >= 0)")
     augment = recipe.data.augment
     if augment.early_crop_epochs < 0:
         raise CifarkitError(f"bad value for data.augment.early_crop_epochs: {augment.early_crop_epochs} (must be >= 0)")

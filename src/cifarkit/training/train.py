@@ -267,7 +267,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     try:
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
             try:
-                _freeze_for_epoch(model, cfg, epoch)
+                freeze_for_epoch(state, cfg, epoch)
                 stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size,
                                         setup.loss_fn, device, precision, cfg.grad_clip,
                                         description=f"epoch {epoch}/{cfg.epochs}")
@@ -357,16 +357,24 @@ def _train_shard(recipe: Recipe, setup: _Setup, resumed: dict | None) -> None:
         checkpoint.restore_training(state, resumed)
         start_epoch = resumed["epoch"]
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
-        _freeze_for_epoch(state.model, cfg, epoch)
+        freeze_for_epoch(state, cfg, epoch)
         train_one_epoch(state, setup.loader.epoch(epoch), setup.loader.steps_per_epoch, cfg.batch_size,
                         setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
 
 
-def _freeze_for_epoch(model: nn.Module, cfg: TrainConfig, epoch: int) -> None:
-    """airbench's whitening-bias freeze: set from the epoch alone, so a resumed run freezes where the unbroken one did.
-    The optimizer skips a parameter without a gradient, so its momentum stops with it."""
+def freeze_for_epoch(state: TrainState, cfg: TrainConfig, epoch: int) -> None:
+    """airbench's whitening-bias freeze and the conv groups' (`train.group_train_epochs`): set from the epoch alone,
+    so a resumed run freezes where the unbroken one did. Only what the optimizer trains is switched (a BatchNorm
+    scale frozen for good stays so). The optimizer skips a parameter without a gradient, so its momentum stops."""
+    model = state.model
     if cfg.whiten_bias_epochs is not None:
         model.whiten.bias.requires_grad_(epoch <= cfg.whiten_bias_epochs)
+    if cfg.group_train_epochs:
+        trained = {p for group in state.optimizer.param_groups for p in group["params"]}
+        for conv_group, epochs in zip(model.conv_groups, cfg.group_train_epochs):
+            for p in conv_group.parameters():
+                if p in trained:
+                    p.requires_grad_(epoch <= epochs)
 
 
 def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, precision, memory_format,
@@ -376,6 +384,10 @@ def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, prec
     if cfg.whiten_bias_epochs is not None and not isinstance(getattr(model, "whiten", None), nn.Conv2d):
         raise CifarkitError(f"train.whiten_bias_epochs is set, but model {recipe.model.name} has no whitening layer; "
                             "remove the setting (or use fastnet)")
+    groups = len(getattr(model, "conv_groups", ()))
+    if cfg.group_train_epochs is not None and len(cfg.group_train_epochs) > groups:
+        raise CifarkitError(f"train.group_train_epochs={list(cfg.group_train_epochs)} lists more conv groups than "
+                            f"model {recipe.model.name} has ({groups}); list at most {groups}, or use a fastnet model")
     sample = _init_sample(recipe, loader)
     _init_from_data(model, sample)
     if cfg.sync_bn:
@@ -383,7 +395,8 @@ def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, prec
     model = model.to(memory_format=memory_format)
     optimizer, scheduler, scaler = _optimization(model, recipe, loader, device, precision)
     # A parameter that stops training mid-run must be found unused by DDP, or its reducer waits for its gradient.
-    parallel = distributed.wrap(model, group, device, find_unused_parameters=cfg.whiten_bias_epochs is not None)
+    freezes = cfg.whiten_bias_epochs is not None or bool(cfg.group_train_epochs)
+    parallel = distributed.wrap(model, group, device, find_unused_parameters=freezes)
     return TrainState(
         model=model,
         forward=torch.compile(parallel) if cfg.compile else parallel,
