@@ -1,0 +1,134 @@
+"""Recipe variants trained on a validation split, seed by seed: their validation accuracy (TTA where the recipe uses
+it) and training time, each against the first variant's run on the same seed. The test set is not looked at: the
+runs log its accuracy, and this table leaves it out, so that choosing a recipe never reads it.
+
+    python scripts/validation_runs.py --seeds 0 1 --variant base --variant frozen train.group_train_epochs=[5,7] \
+        --runs-dir runs/validation --json results/validation-NAME.json
+
+Each run is a whole `cifarkit train --recipe R --set data.val_split=N --seed S --set KEY=VALUE...` process, one at a
+time, into RUNS_DIR/NAME-sSEED. A folder that already holds a finished run of the same recipe is read, not trained
+again, so a sweep can grow over several sittings; one whose recipe differs is refused. The variants take turns
+in a rotating order, seed by seed, so that a drift of the machine's speed does not favour one. Run it alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import yaml
+
+from cifarkit.core import device
+from cifarkit.core.errors import CifarkitError
+from cifarkit.core.files import portable, write_json
+from cifarkit.inference import backends
+from cifarkit.training.config import load_recipe, to_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_folder(runs_dir: Path, name: str, seed: int, recipe: str, overrides: list[str]) -> Path:
+    """The finished run of a variant on a seed, trained here unless its folder already holds it."""
+    folder = runs_dir / f"{name}-s{seed}"
+    try:
+        expected = to_dict(load_recipe(recipe, overrides))
+    except CifarkitError as e:
+        sys.exit(f"variant {name}: {e}")
+    if (folder / "summary.json").exists():
+        found = yaml.safe_load((folder / "config.yaml").read_text())
+        found.pop("run", None)
+        if found != expected:
+            differing = sorted(f"{section}.{key}" for section in expected for key in expected[section]
+                               if isinstance(expected[section], dict)
+                               and found.get(section, {}).get(key) != expected[section][key])
+            sys.exit(f"{folder} holds a run of another recipe ({', '.join(differing) or 'its name'} differ); "
+                     "give another --runs-dir or variant name")
+        return folder
+    if folder.exists():
+        sys.exit(f"{folder} holds an unfinished run; resume it with `cifarkit train --resume {folder}` or remove it")
+    command = [sys.executable, "-m", "cifarkit", "train", "--recipe", recipe, "--out", str(folder)]
+    for override in overrides:
+        command += ["--set", override]
+    print(f"training {folder.name}: {' '.join(command[3:])}", flush=True)
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        sys.exit(f"training {folder.name} failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return folder
+
+
+def read_run(folder: Path) -> dict:
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    run = yaml.safe_load((folder / "config.yaml").read_text())["run"]
+    last = records[-1]
+    return {
+        "val_acc": last["val_acc"], "val_tta_acc": last.get("val_tta_acc"),
+        "train_time_s": json.loads((folder / "summary.json").read_text())["train_time_s"],
+        "epoch_time_s": [r["epoch_time_s"] for r in records],
+        "precision": run["precision"], "allocator": run["allocator"], "threads": run["threads"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="fast")
+    parser.add_argument("--val-split", type=int, default=5000, help="training images held out (default: 5000)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--variant", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
+                        help="a name and its recipe overrides; the first variant is the one the others are read "
+                             "against")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/validation"))
+    parser.add_argument("--json", type=Path, required=True, help="where to write the table")
+    args = parser.parse_args(argv)
+    names = [variant[0] for variant in args.variant]
+    if len(set(names)) != len(names):
+        sys.exit(f"variant names repeat ({', '.join(names)}); give each its own")
+    runs = {name: {} for name in names}
+    for turn, seed in enumerate(args.seeds):
+        order = args.variant[turn % len(names):] + args.variant[:turn % len(names)]
+        for name, *overrides in order:
+            base = [f"data.val_split={args.val_split}", f"train.seed={seed}"]
+            runs[name][seed] = read_run(run_folder(args.runs_dir, name, seed, args.recipe, base + overrides))
+
+    accuracy = "val_tta_acc" if all(r["val_tta_acc"] is not None for v in runs.values() for r in v.values()) \
+        else "val_acc"
+    reference = runs[names[0]]
+    variants = []
+    for name, *overrides in args.variant:
+        seeds = runs[name]
+        variants.append({
+            "name": name, "overrides": overrides,
+            "mean_accuracy": statistics.mean(r[accuracy] for r in seeds.values()),
+            "mean_train_time_s": statistics.mean(r["train_time_s"] for r in seeds.values()),
+            "accuracy_minus_first": statistics.mean(seeds[s][accuracy] - reference[s][accuracy] for s in seeds),
+            "train_time_over_first": statistics.mean(seeds[s]["train_time_s"] / reference[s]["train_time_s"]
+                                                     for s in seeds),
+            "runs": {str(seed): run for seed, run in seeds.items()},
+        })
+    lines = [f"| variant | {accuracy} per seed ({', '.join(map(str, args.seeds))}) | mean | minus {names[0]} "
+             f"(points) | training time over {names[0]}'s |", "|---|---|---:|---:|---:|"]
+    for v in variants:
+        per_seed = ", ".join(f"{100 * r[accuracy]:.2f}" for r in v["runs"].values())
+        lines.append(f"| {v['name']} {' '.join(v['overrides'])} | {per_seed} | {100 * v['mean_accuracy']:.2f}% | "
+                     f"{100 * v['accuracy_minus_first']:+.2f} | {v['train_time_over_first']:.3f} |")
+    print("\n".join(lines))
+    typed = sys.argv[1:] if argv is None else argv
+    paths = {i + 1 for i, arg in enumerate(typed) if arg in ("--runs-dir", "--json")}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    write_json(args.json, {
+        "command": " ".join(["python scripts/validation_runs.py"]
+                            + [portable(a) if i in paths else a for i, a in enumerate(typed)]),
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "written_at_commit": commit,
+        "recipe": args.recipe, "val_split": args.val_split, "seeds": args.seeds, "accuracy": accuracy,
+        "cpu_kind": backends.cpu_kind(), "variants": variants, "table": lines,
+        "environment": device.report(torch.device("cpu")),
+    })
+
+
+if __name__ == "__main__":
+    main()
