@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from cifarkit.core import device
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import portable, write_json
 from cifarkit.inference import backends
-from cifarkit.training.config import load_recipe, to_dict
+from cifarkit.training.config import load_recipe, recipe_from_dict, to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +43,7 @@ def run_folder(runs_dir: Path, name: str, seed: int, recipe: str, overrides: lis
     if (folder / "summary.json").exists():
         found = yaml.safe_load((folder / "config.yaml").read_text())
         found.pop("run", None)
+        found = to_dict(recipe_from_dict(found))  # a field added since the run was made reads as its default
         if found != expected:
             differing = sorted(f"{section}.{key}" for section in expected for key in expected[section]
                                if isinstance(expected[section], dict)
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                             check=True).stdout.strip()
     write_json(args.json, {
         "command": " ".join(["python scripts/validation_runs.py"]
-                            + [portable(a) if i in paths else a for i, a in enumerate(typed)]),
+                            + [portable(a) if i in paths else shlex.quote(a) for i, a in enumerate(typed)]),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "written_at_commit": commit,
         "recipe": args.recipe, "val_split": args.val_split, "seeds": args.seeds, "accuracy": accuracy,
         "cpu_kind": backends.cpu_kind(), "variants": variants, "table": lines,
