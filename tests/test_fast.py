@@ -7,6 +7,7 @@ import torch
 from cifarkit import models
 from cifarkit.cli import main
 from cifarkit.core.device import PRECISIONS
+from cifarkit.core.errors import CifarkitError
 from cifarkit.data import cifar10, loader
 from cifarkit.data.config import CIFAR10_MEAN, CIFAR10_STD, AugmentConfig, DataConfig
 from cifarkit.models.layers import Conv3x3
@@ -15,7 +16,7 @@ from cifarkit.tools.speedrun import difference_of_means, statistics_against
 from cifarkit.training import train
 from cifarkit.training.config import load_recipe
 from cifarkit.training.engine import evaluate, tta_views
-from cifarkit.training.optim import Lookahead, build_optimizer, build_schedule, orthogonalized
+from cifarkit.training.optim import Lookahead, build_optimizer, build_schedule, orthogonalized, split_by_train_steps
 from conftest import FLOORS, ROOT, load_script
 
 
@@ -96,6 +97,40 @@ def test_triangular_schedule_and_vector_groups():
     peak = max(range(1000), key=lambda i: lrs[i])
     assert lrs[0] == pytest.approx(0.2) and 225 <= peak <= 235 and lrs[peak] == pytest.approx(1.0, abs=0.01)
     assert lrs[-1] == pytest.approx(0.07, abs=0.01)
+
+
+def test_a_group_that_freezes_early_anneals_its_lr_over_its_own_steps():
+    model = models.create("fastnet")
+    recipe = load_recipe("fast", ["train.group_train_epochs=[1, 2]", "train.group_lr_anneal=true"])
+    optimizer = build_optimizer(model, recipe.optim)
+    before = [(g["lr"], len(g["params"])) for g in optimizer.param_groups]
+    first, second = ({id(p): epochs * 10 for p in model.conv_groups[g].parameters()} for g, epochs in ((0, 1), (1, 2)))
+    split_by_train_steps(optimizer, {**first, **second})
+    # Each group split by the parameters' steps, options kept: no parameter lost or repeated.
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == sum(n for _, n in before)
+    assert sorted({g["train_steps"] for g in optimizer.param_groups}, key=str) == [10, 20, None]
+    schedule = build_schedule(optimizer, recipe.schedule, epochs=3, steps_per_epoch=10)
+    factors = {steps: [] for steps in (10, 20, None)}
+    for _ in range(30):
+        for group in optimizer.param_groups:
+            factors[group["train_steps"]].append(group["lr"] / group["initial_lr"])
+        optimizer.step()
+        schedule.step()
+    # The first group reaches the end of the linear schedule after its 10 steps, the second after 20, the rest
+    # after the run's 30, as the plain schedule (LinearLR) does without a split.
+    for steps, seen in factors.items():
+        n = steps or 30
+        assert seen[::len(seen) // 30] == pytest.approx([1 - min(t, n) / n for t in range(30)])
+
+
+@pytest.mark.parametrize("overrides", [["train.group_lr_anneal=true"],
+                                       ["train.group_lr_anneal=true", "train.group_train_epochs=[4]",
+                                        "schedule.name=cosine"],
+                                       ["train.group_lr_anneal=true", "train.group_train_epochs=[4]",
+                                        "schedule.warmup_epochs=1"]])
+def test_group_lr_anneal_needs_freezing_groups_and_a_plain_linear_schedule(overrides):
+    with pytest.raises(CifarkitError, match=r"^train.group_lr_anneal needs train.group_train_epochs and the linear "):
+        load_recipe("fast", overrides)
 
 
 def test_tta_views_are_mirrors_and_one_pixel_shifts():

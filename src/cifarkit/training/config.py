@@ -74,6 +74,9 @@ class TrainConfig:
     # BatchNorm shifts; a group not listed trains throughout. A frozen group, and every group before it, needs no
     # backward pass, and late in a decaying schedule an early group's steps are small.
     group_train_epochs: tuple[int, ...] | None = None
+    # With group_train_epochs and the linear schedule: each group's lr follows the schedule over its own epochs, so it
+    # reaches the schedule's end as it freezes (FreezeOut's annealing) instead of stopping mid-schedule.
+    group_lr_anneal: bool = False
     # Train on the hardest fraction of each batch, as a small proxy model's loss ranks its images (airbench96's data
     # filtering; engine.HardestSelector); None: on every image. The proxy learns on one step in select_proxy_every.
     select_fraction: float | None = None
@@ -199,6 +202,10 @@ def _check_ranges(recipe: Recipe) -> None:
     if any(epochs < 0 for epochs in recipe.train.group_train_epochs or ()):
         raise CifarkitError(f"bad value for train.group_train_epochs: {list(recipe.train.group_train_epochs)} "
                             "(epochs per conv group, each >= 0)")
+    if recipe.train.group_lr_anneal and not (recipe.train.group_train_epochs and recipe.schedule.name == "linear"
+                                             and recipe.schedule.warmup_epochs == 0):
+        raise CifarkitError("train.group_lr_anneal needs train.group_train_epochs and the linear schedule without "
+                            "warmup (schedule.name=linear, schedule.warmup_epochs=0); set them or drop it")
     augment = recipe.data.augment
     if augment.early_crop_epochs < 0:
         raise CifarkitError(f"bad value for data.augment.early_crop_epochs: {augment.early_crop_epochs} (must be >= 0)")

@@ -116,13 +116,35 @@ SCHEDULES = {
     "constant": lambda opt, c, steps, per_epoch: lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0),
     "cosine": lambda opt, c, steps, per_epoch: lr_scheduler.CosineAnnealingLR(opt, T_max=steps),
     # With a linear warmup this is the triangular schedule of the fast CIFAR-10 runs.
-    "linear": lambda opt, c, steps, per_epoch: lr_scheduler.LinearLR(opt, 1.0, c.final_factor, total_iters=steps),
+    "linear": lambda opt, c, steps, per_epoch: _linear(opt, c.final_factor, steps),
     "step": lambda opt, c, steps, per_epoch: lr_scheduler.StepLR(opt, step_size=c.step_epochs * per_epoch,
                                                                  gamma=c.gamma),
     # OneCycle peaks at the optimizer's lr: the recipe's lr *is* max_lr.
     "onecycle": lambda opt, c, steps, per_epoch: lr_scheduler.OneCycleLR(
         opt, max_lr=[g["lr"] for g in opt.param_groups], total_steps=steps, pct_start=c.pct_start),
 }
+
+
+def _linear(optimizer: torch.optim.Optimizer, final_factor: float, steps: int) -> lr_scheduler.LRScheduler:
+    """Straight from the lr to final_factor x it over the run, or, for a param group that trains fewer steps
+    (`train_steps`, set by `split_by_train_steps`), over its own steps: it reaches the end as it freezes."""
+    if all(group.get("train_steps") is None for group in optimizer.param_groups):
+        return lr_scheduler.LinearLR(optimizer, 1.0, final_factor, total_iters=steps)
+    lengths = [max(1, min(steps, group.get("train_steps") or steps)) for group in optimizer.param_groups]
+    return lr_scheduler.LambdaLR(optimizer, [lambda t, n=n: 1 + (final_factor - 1) * min(t, n) / n for n in lengths])
+
+
+def split_by_train_steps(optimizer: torch.optim.Optimizer, train_steps: dict[int, int]) -> None:
+    """Split each param group by how many steps its parameters train (`train_steps`: id(parameter) -> steps; absent:
+    the whole run), each part keeping its group's options. Before the first step only."""
+    groups = list(optimizer.param_groups)
+    optimizer.param_groups.clear()
+    for group in groups:
+        parts: dict[int | None, list] = {}
+        for p in group["params"]:
+            parts.setdefault(train_steps.get(id(p)), []).append(p)
+        for steps, params in parts.items():
+            optimizer.add_param_group({**group, "params": params, "train_steps": steps})
 
 
 def build_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, epochs: int,

@@ -48,7 +48,7 @@ from cifarkit.training.engine import (
     evaluate,
     train_one_epoch,
 )
-from cifarkit.training.optim import build_ema, build_lookahead, build_optimizer, build_schedule
+from cifarkit.training.optim import build_ema, build_lookahead, build_optimizer, build_schedule, split_by_train_steps
 from cifarkit.training.tracking import open_tracker, require_mlflow
 
 log = logging.getLogger("cifarkit")
@@ -415,6 +415,11 @@ def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, prec
 def _optimization(model: nn.Module, recipe: Recipe, loader: TrainLoader, device: torch.device, precision):
     """(optimizer, lr schedule, grad scaler) for a model, from the recipe."""
     optimizer = build_optimizer(model, recipe.optim)
+    cfg = recipe.train
+    if cfg.group_lr_anneal and cfg.group_train_epochs:
+        steps = {id(p): epochs * loader.steps_per_epoch for conv_group, epochs
+                 in zip(model.conv_groups, cfg.group_train_epochs) for p in conv_group.parameters()}
+        split_by_train_steps(optimizer, steps)
     scheduler = build_schedule(optimizer, recipe.schedule, recipe.train.epochs, loader.steps_per_epoch)
     return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
