@@ -22,13 +22,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-import yaml
 
 from cifarkit.core import device
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import portable, write_json
 from cifarkit.inference import backends
-from cifarkit.training.config import load_recipe, recipe_from_dict, to_dict
+from cifarkit.training import train
+from cifarkit.training.config import flatten, load_recipe, to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,15 +41,12 @@ def run_folder(runs_dir: Path, name: str, seed: int, recipe: str, overrides: lis
     except CifarkitError as e:
         sys.exit(f"variant {name}: {e}")
     if (folder / "summary.json").exists():
-        found = yaml.safe_load((folder / "config.yaml").read_text())
-        found.pop("run", None)
-        found = to_dict(recipe_from_dict(found))  # a field added since the run was made reads as its default
-        if found != expected:
-            differing = sorted(f"{section}.{key}" for section in expected for key in expected[section]
-                               if isinstance(expected[section], dict)
-                               and found.get(section, {}).get(key) != expected[section][key])
-            sys.exit(f"{folder} holds a run of another recipe ({', '.join(differing) or 'its name'} differ); "
-                     "give another --runs-dir or variant name")
+        # Read as a recipe, a field added since the run was made reads as its default.
+        expected, found = flatten(expected), flatten(to_dict(train.read_recipe(folder)))
+        differing = sorted(key for key, value in expected.items() if found.get(key) != value)
+        if differing:
+            sys.exit(f"{folder} holds a run of another recipe ({', '.join(differing)} differ); give another "
+                     "--runs-dir or variant name")
         return folder
     if folder.exists():
         sys.exit(f"{folder} holds an unfinished run; resume it with `cifarkit train --resume {folder}` or remove it")
@@ -65,7 +62,7 @@ def run_folder(runs_dir: Path, name: str, seed: int, recipe: str, overrides: lis
 
 def read_run(folder: Path) -> dict:
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    run = yaml.safe_load((folder / "config.yaml").read_text())["run"]
+    run = train.read_run_facts(folder)
     last = records[-1]
     return {
         "val_acc": last["val_acc"], "val_tta_acc": last.get("val_tta_acc"),

@@ -131,12 +131,12 @@ def _steps_by_what_trains(state, cfg, first_step_s: float, train_steps, steps: i
     """The step's time in each stretch of epochs that trains the same parameters: a frozen whitening bias or conv
     group (`train.freeze_for_epoch`) makes later steps cheaper. Epoch 1's step is the one timed before; each later
     stretch is timed as plainly, after a warm-up step, on the same batches."""
-    trained = {id(p) for group in state.optimizer.param_groups for p in group["params"]}
+    trained = train.optimized_parameters(state.optimizer)
     stretches = []
     for epoch in range(1, cfg.epochs + 1):
         train.freeze_for_epoch(state, cfg, epoch)
         frozen = sorted({".".join(name.split(".")[:2]) for name, p in state.model.named_parameters()
-                         if id(p) in trained and not p.requires_grad})
+                         if p in trained and not p.requires_grad})
         if stretches and stretches[-1]["frozen"] == frozen:
             stretches[-1]["epochs"][1] = epoch
         else:

@@ -370,11 +370,16 @@ def freeze_for_epoch(state: TrainState, cfg: TrainConfig, epoch: int) -> None:
     if cfg.whiten_bias_epochs is not None:
         model.whiten.bias.requires_grad_(epoch <= cfg.whiten_bias_epochs)
     if cfg.group_train_epochs:
-        trained = {p for group in state.optimizer.param_groups for p in group["params"]}
+        trained = optimized_parameters(state.optimizer)
         for conv_group, epochs in zip(model.conv_groups, cfg.group_train_epochs):
             for p in conv_group.parameters():
                 if p in trained:
                     p.requires_grad_(epoch <= epochs)
+
+
+def optimized_parameters(optimizer: torch.optim.Optimizer) -> set[torch.Tensor]:
+    """The parameters an optimizer steps, frozen for now or not; those left out at its making stay frozen."""
+    return {p for group in optimizer.param_groups for p in group["params"]}
 
 
 def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, precision, memory_format,
@@ -416,11 +421,11 @@ def _optimization(model: nn.Module, recipe: Recipe, loader: TrainLoader, device:
     """(optimizer, lr schedule, grad scaler) for a model, from the recipe."""
     optimizer = build_optimizer(model, recipe.optim)
     cfg = recipe.train
-    if cfg.group_lr_anneal and cfg.group_train_epochs:
+    if cfg.group_lr_anneal:  # the recipe's checks made sure that groups freeze
         steps = {id(p): epochs * loader.steps_per_epoch for conv_group, epochs
                  in zip(model.conv_groups, cfg.group_train_epochs) for p in conv_group.parameters()}
         split_by_train_steps(optimizer, steps)
-    scheduler = build_schedule(optimizer, recipe.schedule, recipe.train.epochs, loader.steps_per_epoch)
+    scheduler = build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch)
     return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
 
