@@ -57,15 +57,15 @@ def argument_error(capsys, argv) -> str:
     (["speedrun", "--target", "nan"], "argument --target: must be from 0.0 to 1.0"),
     (["predict", "x.png", "--topk", "11"], "argument --topk: must be from 1 to 10 (CIFAR-10 has 10 classes)"),
     (["predict", "x.png", "--topk", "0"], "argument --topk: must be from 1 to 10"),
-    (["train", "--epochs", "many"], "argument --epochs: invalid int value: 'many'"),
+    (["train", "--epochs", "many"], "argument --epochs: invalid number value: 'many'"),
 ])
 def test_counts_out_of_range_are_argument_errors(capsys, argv, message):
     assert message in argument_error(capsys, argv)
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "--epochs", "0"], "bad value for train.epochs: 0 (must be > 0)"),
-    (["train", "--batch-size", "-5"], "bad value for train.batch_size: -5 (must be > 0)"),
+    (["train", "--epochs", "0"], "bad value for train.epochs: 0 (must be > 0 and finite)"),
+    (["train", "--batch-size", "-5"], "bad value for train.batch_size: -5 (must be > 0 and finite)"),
     (["train", "--subset", "3"], "bad value for data.subset: 3 (need at least 10, one per class)"),
     (["train", "--subset", "100000"], "subset 100000 is larger than the 2000 training images left"),
     (["train", "--batch-size", "300", "--subset", "200"], "batch size 300 exceeds the 200 training images"),

@@ -37,9 +37,11 @@ def test_overrides_are_typed_and_dotted():
 @pytest.mark.parametrize("override, message", [
     ("train.epoch=3", r"unknown key 'train.epoch'; valid keys here: train.epochs"),
     ("optimizer.lr=3", r"unknown key 'optimizer'"),
-    ("train.epochs=three", r"bad value for train.epochs: 'three' \(expected int\)"),
-    ("train.epochs=2.5", r"bad value for train.epochs"),
-    ("train.epochs=0", r"bad value for train.epochs: 0 \(must be > 0\)"),
+    ("train.epochs=three", r"bad value for train.epochs: 'three' \(expected int \| float\)"),
+    ("train.epochs=0", r"bad value for train.epochs: 0 \(must be > 0 and finite\)"),
+    ("train.epochs=.inf", r"bad value for train.epochs: inf \(must be > 0 and finite\)"),
+    ("train.epochs=.nan", r"bad value for train.epochs: nan \(must be > 0 and finite\)"),
+    ("train.batch_size=2.5", r"bad value for train.batch_size: 2.5 \(expected int\)"),
     ("train.whiten_bias_epochs=-1", r"bad value for train.whiten_bias_epochs: -1 \(must be >= 0\)"),
     ("train.group_train_epochs=[6, -1]", r"bad value for train.group_train_epochs: \[6, -1\] \(epochs per conv "
                                          r"group, each >= 0\)"),

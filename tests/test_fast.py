@@ -1,5 +1,6 @@
 """The fast recipe's parts: whitening, alternating flip, lookahead, triangular schedule, TTA, speedrun statistics."""
 import json
+import math
 
 import pytest
 import torch
@@ -88,7 +89,7 @@ def test_triangular_schedule_and_vector_groups():
     assert vectors["lr"] == pytest.approx(64 * weights["lr"])
     assert vectors["lr"] * vectors["weight_decay"] == pytest.approx(weights["lr"] * weights["weight_decay"], rel=1e-3)
     assert all(p.requires_grad for g in optimizer.param_groups for p in g["params"])  # frozen ones left out
-    schedule = build_schedule(optimizer, recipe.schedule, epochs=10, steps_per_epoch=100)
+    schedule = build_schedule(optimizer, recipe.schedule, total=1000, steps_per_epoch=100)
     lrs = []
     for _ in range(1000):
         lrs.append(optimizer.param_groups[0]["lr"] / recipe.optim.lr)
@@ -109,7 +110,7 @@ def test_a_group_that_freezes_early_anneals_its_lr_over_its_own_steps():
     # Each group split by the parameters' steps, options kept: no parameter lost or repeated.
     assert sum(len(g["params"]) for g in optimizer.param_groups) == sum(n for _, n in before)
     assert sorted({g["train_steps"] for g in optimizer.param_groups}, key=str) == [10, 20, None]
-    schedule = build_schedule(optimizer, recipe.schedule, epochs=3, steps_per_epoch=10)
+    schedule = build_schedule(optimizer, recipe.schedule, total=30, steps_per_epoch=10)
     factors = {steps: [] for steps in (10, 20, None)}
     for _ in range(30):
         for group in optimizer.param_groups:
@@ -212,6 +213,30 @@ def test_whitening_bias_trains_for_its_epochs_then_freezes(cifar_home, tmp_path,
     assert not torch.equal(after_epoch[0]["whiten.bias"], initial)
     assert torch.equal(after_epoch[2]["whiten.bias"], after_epoch[0]["whiten.bias"])
     assert not torch.equal(after_epoch[2]["head.2.weight"], after_epoch[1]["head.2.weight"])  # the rest trains on
+
+
+def test_a_fraction_of_an_epoch_cuts_the_last_one_short_and_the_schedule_ends_with_it(cifar_home, tmp_path,
+                                                                                     monkeypatch):
+    trained = []
+
+    def recording(state, batches, steps, *args, **kwargs):
+        batches = list(batches)
+        stats = real_epoch(state, batches, steps, *args, **kwargs)
+        trained.append((steps, len(batches), state.optimizer.param_groups[0]["lr"]))
+        return stats
+    real_epoch = train.train_one_epoch
+    monkeypatch.setattr(train, "train_one_epoch", recording)
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "fast", "--epochs", "1.5", "--set", "train.batch_size=100", "--subset", "300",
+                 "--out", str(out)]) == 0
+    # 3 steps an epoch: 1.5 epochs are 4.5 steps, rounded up to 5, and the linear schedule reaches 0 at the 5th
+    assert [(steps, drawn) for steps, drawn, _ in trained] == [(3, 3), (2, 2)]
+    assert trained[0][2] == pytest.approx(load_recipe("fast").optim.filter_lr * 2 / 5) and trained[1][2] == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["epochs"] == 1.5 and summary["selected_epoch"] == 2
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2] and "test_acc" in records[-1]
+    assert "epochs 1.5" in (out / "train.log").read_text()
 
 
 def test_conv_groups_train_for_their_epochs_then_freeze_without_a_backward_pass(cifar_home, tmp_path, monkeypatch):
@@ -325,8 +350,8 @@ def test_muon_orthogonalizes_filters_and_steps_the_rest_as_torch_sgd():
 
 def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, capsys, monkeypatch):
     out = tmp_path / "profile-fast-test.json"
-    assert main(["profile", "--recipe", "fast", "--set", "train.batch_size=100", "--steps", "2", "--json",
-                 str(out)]) == 0
+    assert main(["profile", "--recipe", "fast", "--set", "train.batch_size=100", "--epochs", "2.5", "--steps", "2",
+                 "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "where a step's time goes" in printed and "minor page faults" in printed and "final evaluation" in printed
     result = json.loads(out.read_text())
@@ -339,21 +364,23 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     assert result["process_per_step"]["user_s"] > 0 and result["evaluation"]["test_pass_s"] > 0
     assert result["command"].startswith("cifarkit profile")
     convolutions = parts["convolution"] + parts["convolution backward"]
-    assert result["convolutions_s_per_run"] == pytest.approx(
-        convolutions * result["steps_per_epoch"] * load_recipe("fast").train.epochs)
+    # 2.5 epochs: two whole ones and half of the third, its steps rounded up
+    run_steps = 2 * result["steps_per_epoch"] + math.ceil(result["steps_per_epoch"] / 2)
+    assert result["convolutions_s_per_run"] == pytest.approx(convolutions * run_steps)
     assert f"the convolutions alone, forward and backward: {result['convolutions_s_per_run']:.0f} s" in printed
     # Each stretch of epochs that trains the same parameters has its own step time: the whitening bias and the conv
     # groups freeze as the recipe says, and the run's steps add up from them.
-    fast = load_recipe("fast").train
+    fast = load_recipe("fast", ["train.epochs=2.5"]).train
     stretches = result["step_s_by_epochs"]
-    assert stretches[0] == {"epochs": [1, 1], "frozen": [], "step_s": result["step_s"]}
+    assert stretches[0] == {"epochs": [1, 1], "frozen": [], "step_s": result["step_s"],
+                            "run_steps": result["steps_per_epoch"]}
     assert stretches[1]["epochs"][0] == 2 and stretches[1]["frozen"] == ["whiten.bias"]
     assert [s["epochs"][0] for s in stretches[1:]] == [s["epochs"][1] + 1 for s in stretches[:-1]]
-    assert stretches[-1]["epochs"][1] == fast.epochs and all(s["step_s"] > 0 for s in stretches)
+    assert stretches[-1]["epochs"][1] == 3 and all(s["step_s"] > 0 for s in stretches)
+    assert sum(s["run_steps"] for s in stretches) == run_steps
     frozen_groups = [f"body.{g}" for g, epochs in enumerate(fast.group_train_epochs or (), 1) if epochs < fast.epochs]
     assert set(frozen_groups) <= set(stretches[-1]["frozen"])
-    assert result["training_steps_s_per_run"] == pytest.approx(result["steps_per_epoch"] * sum(
-        s["step_s"] * (s["epochs"][1] - s["epochs"][0] + 1) for s in stretches))
+    assert result["training_steps_s_per_run"] == pytest.approx(sum(s["step_s"] * s["run_steps"] for s in stretches))
     assert f"a step as each stretch of epochs trains: epoch 1 {1000 * result['step_s']:.1f} ms; epochs 2-" in printed
     # Their FLOP rate (forward, input and weight gradients: 3 x 2 FLOPs per multiply-add) beside a matmul's peak
     macs = profiling.convolution_macs(models.create("fastnet"), result["image_size"])

@@ -20,7 +20,7 @@ def proxy_state(seed: int) -> TrainState:
     model = models.create("fastnet_proxy")
     optimizer = build_optimizer(model, OptimConfig(lr=0.05, momentum=0.9))
     return TrainState(model=model, forward=model, optimizer=optimizer,
-                      scheduler=build_schedule(optimizer, ScheduleConfig(), epochs=1, steps_per_epoch=10),
+                      scheduler=build_schedule(optimizer, ScheduleConfig(), total=10, steps_per_epoch=10),
                       scaler=torch.amp.GradScaler("cpu", enabled=False), ema=None)
 
 

@@ -44,7 +44,7 @@ def test_variants_are_read_against_the_first_on_each_seed(cifar_home, tmp_path, 
 def test_a_bad_variant_or_a_failed_run_is_named(cifar_home, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = ["--recipe", "simplecnn", "--val-split", "100", "--seeds", "0", "--runs-dir", "runs", "--json", "out.json"]
-    with pytest.raises(SystemExit, match=r"^variant base: bad value for train.epochs: 0 \(must be > 0\)$"):
+    with pytest.raises(SystemExit, match=r"^variant base: bad value for train.epochs: 0 \(must be > 0 and finite\)$"):
         validation.main(argv + ["--variant", "base", "train.epochs=0"])
     with pytest.raises(SystemExit, match=r"^training base-s0 failed: .*subset 100000 is larger than the 1900 training"):
         validation.main(argv + ["--variant", "base", "data.subset=100000"])

@@ -33,10 +33,16 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join(["cifarkit", *map(shareable, args.argv)])
 
 
+def number(text: str) -> int | float:
+    """An int where the text is one ('8'), else a float ('7.59'): a whole count stays whole in the files."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 # Recipe fields with an option of their own in `train` and `speedrun`: option -> (recipe key, type or choices, help).
 # The recipe checks their values, as it checks any --set.
 SHORTCUTS = {
-    "epochs": ("train.epochs", int, "passes over the training images"),
+    "epochs": ("train.epochs", number, "passes over the training images (a fraction cuts the last one short)"),
     "batch_size": ("train.batch_size", int, "images per training step"),
     "lr": ("optim.lr", float, "peak learning rate of the schedule"),
     "seed": ("train.seed", int, "seed of the initialization, the data order and the augmentation"),

@@ -48,7 +48,7 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     model = models.create(model_name).to(device).to(memory_format=memory_format)
     optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=0.01))
     parallel = distributed.wrap(model, group, device)
-    state = TrainState(model, parallel, optimizer, build_schedule(optimizer, ScheduleConfig(), 1, steps + 1),
+    state = TrainState(model, parallel, optimizer, build_schedule(optimizer, ScheduleConfig(), steps + 1, steps + 1),
                        torch.amp.GradScaler(device.type, enabled=precision.grad_scaler), None,
                        after_step=lambda trained: distributed.average_buffers(trained, group))
     images = torch.randint(0, 256, (max(SYNTHETIC_IMAGES, batch_size), 3, 32, 32), dtype=torch.uint8, device=device)

@@ -82,7 +82,7 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     with _native_stderr_silenced():
         profiled.stop()
     parts, profiled_step_s = _step_parts(profiled.events(), steps)
-    stretches = _steps_by_what_trains(state, cfg, step_s, train_steps, steps, device)
+    stretches = _steps_by_what_trains(state, cfg, setup.loader.steps_per_epoch, step_s, train_steps, steps, device)
 
     test_x, test_y = setup.test
     count = min(eval_images, len(test_y))
@@ -114,10 +114,9 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
         "profiled_step_s": profiled_step_s,
         "parts_s": parts,
         "epochs": cfg.epochs,
-        "convolutions_s_per_run": convolutions_s * setup.loader.steps_per_epoch * cfg.epochs,
+        "convolutions_s_per_run": convolutions_s * sum(stretch["run_steps"] for stretch in stretches),
         "step_s_by_epochs": stretches,
-        "training_steps_s_per_run": setup.loader.steps_per_epoch * sum(
-            stretch["step_s"] * (stretch["epochs"][1] - stretch["epochs"][0] + 1) for stretch in stretches),
+        "training_steps_s_per_run": sum(stretch["step_s"] * stretch["run_steps"] for stretch in stretches),
         "convolution_flop_per_s": convolution_flop / convolutions_s if convolutions_s else None,
         "convolution_computed_flop_per_s": computed_flop / convolutions_s if convolutions_s else None,
         "matmul_peak": peak,
@@ -127,20 +126,23 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     }
 
 
-def _steps_by_what_trains(state, cfg, first_step_s: float, train_steps, steps: int, device) -> list[dict]:
-    """The step's time in each stretch of epochs that trains the same parameters: a frozen whitening bias or conv
-    group (`train.freeze_for_epoch`) makes later steps cheaper. Epoch 1's step is the one timed before; each later
-    stretch is timed as plainly, after a warm-up step, on the same batches."""
+def _steps_by_what_trains(state, cfg, steps_per_epoch: int, first_step_s: float, train_steps, steps: int,
+                          device) -> list[dict]:
+    """The step's time in each stretch of epochs that trains the same parameters, and the run's steps there
+    (`run_steps`): a frozen whitening bias or conv group (`train.freeze_for_epoch`) makes later steps cheaper. Epoch
+    1's step is the one timed before; each later stretch is timed as plainly, after a warm-up step, on the same
+    batches."""
     trained = train.optimized_parameters(state.optimizer)
     stretches = []
-    for epoch in range(1, cfg.epochs + 1):
+    for epoch, run_steps in enumerate(cfg.steps_by_epoch(steps_per_epoch), 1):
         train.freeze_for_epoch(state, cfg, epoch)
         frozen = sorted({".".join(name.split(".")[:2]) for name, p in state.model.named_parameters()
                          if p in trained and not p.requires_grad})
         if stretches and stretches[-1]["frozen"] == frozen:
             stretches[-1]["epochs"][1] = epoch
+            stretches[-1]["run_steps"] += run_steps
         else:
-            stretches.append({"epochs": [epoch, epoch], "frozen": frozen})
+            stretches.append({"epochs": [epoch, epoch], "frozen": frozen, "run_steps": run_steps})
     stretches[0]["step_s"] = first_step_s
     for stretch in stretches[1:]:
         train.freeze_for_epoch(state, cfg, stretch["epochs"][0])

@@ -6,6 +6,7 @@ setting (the failure mode of configs that are plain dicts).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -51,7 +52,8 @@ class ScheduleConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
+    # Passes over the training images; a fraction cuts the last one short (the 2025 A100 record trains 7.59).
+    epochs: int | float = 10
     batch_size: int = 128
     seed: int = 0
     label_smoothing: float = 0.0
@@ -89,6 +91,12 @@ class TrainConfig:
     accumulate_steps: int = 1
     dist_backend: str | None = None  # torch.distributed backend under torchrun; None: nccl on CUDA, gloo otherwise
     sync_bn: bool = False  # SyncBatchNorm across the ranks (CUDA only); off: each rank normalizes its own shard
+
+    def steps_by_epoch(self, steps_per_epoch: int) -> list[int]:
+        """The optimizer steps of each epoch the run trains: whole epochs, then the cut-short last one where
+        `epochs` has a fraction (its steps rounded up)."""
+        total = math.ceil(round(self.epochs * steps_per_epoch, 6))  # 8 x 25 is 200, not 200.00000000000003
+        return [min(steps_per_epoch, total - done) for done in range(0, total, steps_per_epoch)]
 
 
 @dataclass
@@ -192,8 +200,8 @@ def _check_ranges(recipe: Recipe) -> None:
                 "train.select_proxy_every": recipe.train.select_proxy_every,
                 "distill.temperature": recipe.distill.temperature}
     for key, value in positive.items():
-        if value <= 0:
-            raise CifarkitError(f"bad value for {key}: {value!r} (must be > 0)")
+        if not 0 < value < math.inf:  # NaN too
+            raise CifarkitError(f"bad value for {key}: {value!r} (must be > 0 and finite)")
     check_seed(recipe.train.seed, "train.seed")
     if recipe.data.subset is not None and recipe.data.subset < 10:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")

@@ -147,10 +147,10 @@ def split_by_train_steps(optimizer: torch.optim.Optimizer, train_steps: dict[int
             optimizer.add_param_group({**group, "params": params, "train_steps": steps})
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, epochs: int,
+def build_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total: int,
                    steps_per_epoch: int) -> lr_scheduler.LRScheduler:
+    """The lr schedule of a run of `total` optimizer steps."""
     warmup = math.ceil(cfg.warmup_epochs * steps_per_epoch)
-    total = epochs * steps_per_epoch
     main = SCHEDULES[cfg.name](optimizer, cfg, max(total - warmup, 1), steps_per_epoch)
     if warmup == 0:
         return main

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import itertools
 import json
 import logging
 import shlex
@@ -249,8 +250,8 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         checkpoint.restore_training(state, resumed)
         start_epoch, elapsed, train_time, best = (resumed["epoch"], resumed["elapsed_s"], resumed["train_time_s"],
                                                   resumed["best"])
-        log.info("resuming %s after epoch %d of %d", out, start_epoch, cfg.epochs)
-    log.info("recipe %s: model %s (%s params), images: %d train / %d val, batch %d, epochs %d, precision %s",
+        log.info("resuming %s after epoch %d of %g", out, start_epoch, cfg.epochs)
+    log.info("recipe %s: model %s (%s params), images: %d train / %d val, batch %d, epochs %g, precision %s",
              recipe.name, recipe.model.name, f"{models.count_params(model):,}", len(loader.images), len(val_x),
              cfg.batch_size, cfg.epochs, precision.name)
     if cfg.compile:
@@ -264,13 +265,15 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         tracker.log_epoch(record)
     eval_args = dict(mean=mean, std=std, device=device, precision=precision, channels_last=cfg.channels_last,
                      tta_share=cfg.tta_share)  # the share matters only where an evaluation has TTA
+    steps = cfg.steps_by_epoch(loader.steps_per_epoch)
+    last_epoch = len(steps)
     try:
-        for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        for epoch in range(start_epoch + 1, last_epoch + 1):
             try:
                 freeze_for_epoch(state, cfg, epoch)
-                stats = train_one_epoch(state, loader.epoch(epoch), loader.steps_per_epoch, cfg.batch_size,
-                                        setup.loss_fn, device, precision, cfg.grad_clip,
-                                        description=f"epoch {epoch}/{cfg.epochs}")
+                stats = train_one_epoch(state, itertools.islice(loader.epoch(epoch), steps[epoch - 1]),
+                                        steps[epoch - 1], cfg.batch_size, setup.loss_fn, device, precision,
+                                        cfg.grad_clip, description=f"epoch {epoch}/{last_epoch}")
             except DivergenceError as e:
                 tracker.stop("FAILED")
                 kept = (f"the checkpoint of epoch {epoch - 1} is kept in {out / 'checkpoints' / 'last.pt'}"
@@ -279,8 +282,9 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
             train_time += stats["epoch_time_s"]
             record = {"epoch": epoch, **stats, "lr": optimizer.param_groups[0]["lr"]}
             eval_model = state.ema.module if state.ema is not None else model
-            if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-                best = _evaluate_epoch(record, best, eval_model, recipe, setup, epoch, out, eval_args)
+            if epoch % cfg.eval_every == 0 or epoch == last_epoch:
+                best = _evaluate_epoch(record, best, eval_model, recipe, setup, epoch, out, eval_args,
+                                       final=epoch == last_epoch)
             record["elapsed_s"] = elapsed + time.perf_counter() - started
             records.append(record)
             _log_epoch(record, writer)
@@ -299,7 +303,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     plots.curves(records, out / "curves.png")
     if best["epoch"] is None:  # no validation split: the final weights, whose test metrics the last epoch has
         final_model = state.ema.module if state.ema is not None else model
-        selected_epoch = cfg.epochs
+        selected_epoch = last_epoch
         test = {"acc": records[-1]["test_acc"], "loss": records[-1]["test_loss"]}
     else:
         final_model, _ = weights.load_weights(out / "checkpoints" / "best.safetensors")
@@ -325,13 +329,13 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
 
 
 def _evaluate_epoch(record: dict, best: dict, model: nn.Module, recipe: Recipe, setup: _Setup, epoch: int, out: Path,
-                    eval_args: dict) -> dict:
+                    eval_args: dict, final: bool) -> dict:
     """Add an evaluated epoch's validation and test metrics to `record`, and return the best epoch so far on
     validation, whose weights are saved. TTA (several passes per image) only for the final measurement: progress
     checks stay cheap."""
     cfg = recipe.train
     (val_x, val_y), (test_x, test_y) = setup.val, setup.test
-    tta = cfg.tta and epoch == cfg.epochs
+    tta = cfg.tta and final
     if len(val_x):
         val = evaluate(model, val_x, val_y, **eval_args)
         record.update(val_loss=val["loss"], val_acc=val["acc"])
@@ -356,10 +360,11 @@ def _train_shard(recipe: Recipe, setup: _Setup, resumed: dict | None) -> None:
     if resumed is not None:
         checkpoint.restore_training(state, resumed)
         start_epoch = resumed["epoch"]
-    for epoch in range(start_epoch + 1, cfg.epochs + 1):
+    steps = cfg.steps_by_epoch(setup.loader.steps_per_epoch)
+    for epoch in range(start_epoch + 1, len(steps) + 1):
         freeze_for_epoch(state, cfg, epoch)
-        train_one_epoch(state, setup.loader.epoch(epoch), setup.loader.steps_per_epoch, cfg.batch_size,
-                        setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
+        train_one_epoch(state, itertools.islice(setup.loader.epoch(epoch), steps[epoch - 1]), steps[epoch - 1],
+                        cfg.batch_size, setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
 
 
 def freeze_for_epoch(state: TrainState, cfg: TrainConfig, epoch: int) -> None:
@@ -412,7 +417,7 @@ def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, prec
         scaler=scaler,
         ema=build_ema(model, cfg.ema_decay),
         lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay,
-                                  total_steps=cfg.epochs * loader.steps_per_epoch),
+                                  total_steps=sum(cfg.steps_by_epoch(loader.steps_per_epoch))),
         selector=_build_selector(recipe, loader, device, precision, memory_format, sample),
     )
 
@@ -425,7 +430,8 @@ def _optimization(model: nn.Module, recipe: Recipe, loader: TrainLoader, device:
         steps = {id(p): epochs * loader.steps_per_epoch for conv_group, epochs
                  in zip(model.conv_groups, cfg.group_train_epochs) for p in conv_group.parameters()}
         split_by_train_steps(optimizer, steps)
-    scheduler = build_schedule(optimizer, recipe.schedule, cfg.epochs, loader.steps_per_epoch)
+    scheduler = build_schedule(optimizer, recipe.schedule, sum(cfg.steps_by_epoch(loader.steps_per_epoch)),
+                               loader.steps_per_epoch)
     return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
 
