@@ -1,4 +1,5 @@
 import json
+import subprocess
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from cifarkit.core.errors import CifarkitError
 from cifarkit.data import cifar10, loader
 from cifarkit.training import train
 from cifarkit.training.config import load_recipe
-from conftest import interrupt_as_epoch_starts
+from conftest import ROOT, interrupt_as_epoch_starts
 
 # Small but complete: dropout (RNG), warmup + step schedule (SequentialLR), EMA, lookahead and augmentation
 # (alternating flips included) all take part.
@@ -45,6 +46,13 @@ def test_run_folder_contents(cifar_home, tmp_path):
     assert config["run"]["versions"]["torch"] == torch.__version__
     # a run's speed is read against the CPU's instruction sets (AMX trains bf16 several times faster than AVX-512)
     assert config["run"]["cpu_features"] == device.cpu_features()
+    # which code trained it, where that code is a git checkout (as the tests' is, in CI's clean clone)
+    head, status = (subprocess.run(["git", *args], cwd=ROOT / "src" / "cifarkit", capture_output=True, text=True)
+                    for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--", "."]))
+    if head.returncode == 0:
+        assert config["run"]["source"] == {"commit": head.stdout.strip(), "modified": bool(status.stdout.strip())}
+    else:
+        assert "source" not in config["run"]
     saved = json.loads((out / "summary.json").read_text())
     assert saved == summary
     for key in ("test_acc", "wall_time_s", "train_time_s", "params", "device", "precision", "seed", "torch",

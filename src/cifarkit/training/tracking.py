@@ -40,14 +40,18 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def git_commit() -> str | None:
-    """The commit of the cifarkit source that runs, when it is a git checkout."""
+def git_source() -> dict | None:
+    """The commit of the cifarkit source that runs, and whether the package's files differ from it, when it is a git
+    checkout (an installed wheel is not: None)."""
+    package = Path(__file__).resolve().parent.parent
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
-                              timeout=10)
+        commit, status = (subprocess.run(["git", *args], cwd=package, capture_output=True, text=True, timeout=10)
+                          for args in (["rev-parse", "HEAD"], ["status", "--porcelain", "--", "."]))
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    if commit.returncode or status.returncode:
+        return None
+    return {"commit": commit.stdout.strip(), "modified": bool(status.stdout.strip())}
 
 
 def absolute_uri(uri: str) -> str:
@@ -112,9 +116,8 @@ class MlflowTracker(NoTracker):
         tags = {"device": run_info["device"], "precision": run_info["precision"],
                 "torch": run_info["versions"]["torch"], "cifarkit": run_info["versions"]["cifarkit"],
                 "dataset_sha256": run_info["dataset_sha256"], "run_folder": self.out.name}
-        commit = git_commit()
-        if commit:
-            tags["git_commit"] = commit
+        if run_info.get("source"):
+            tags["git_commit"] = run_info["source"]["commit"]
         run = self.client.create_run(experiment_id, run_name=self.out.name, tags=tags)
         self.state["run_id"] = run.info.run_id
         from mlflow.entities import Param

@@ -50,7 +50,7 @@ from cifarkit.training.engine import (
     train_one_epoch,
 )
 from cifarkit.training.optim import build_ema, build_lookahead, build_optimizer, build_schedule, split_by_train_steps
-from cifarkit.training.tracking import open_tracker, require_mlflow
+from cifarkit.training.tracking import git_source, open_tracker, require_mlflow
 
 log = logging.getLogger("cifarkit")
 
@@ -219,6 +219,8 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
                 "allocator": allocator.in_use(), "cpu_features": cpu_features(), "dataset_sha256": dataset.sha256,
                 "train_images": len(loader.images), "val_images": len(val[0]), "threads": torch.get_num_threads()}
+    if source := git_source():  # which code trained the run, where it runs from a git checkout
+        run_info["source"] = source
     if caps := isa_caps():  # imitating an older CPU: cpu_features are the capped ones, and this says why
         run_info["isa_caps"] = caps
     orthogonalize_dtype = getattr(state.optimizer, "orthogonalize_dtype", None)
