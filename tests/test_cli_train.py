@@ -324,11 +324,11 @@ def test_recipes_name_prints_each_value_with_its_reason(capsys):
     assert main(["recipes", "fast"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("fast (default): FastNet") and lines[1].startswith("# The fast recipe")
-    assert "optim.momentum = 0.85  # short runs prefer less momentum than the usual 0.9" in lines
+    assert "optim.momentum = 0.825  # the record's: short runs prefer less momentum than the usual 0.9" in lines
     # The reason written on the lines above the key counts as well.
-    assert "optim.lr = 1.656  # The head and the BatchNorm shifts stay on Nesterov SGD. airbench94_muon's head lr " \
-           "0.67 per summed example, at batch 2000 and a 1/256 logit scale, moves the logits as lr 1.656 does with " \
-           "our mean loss and 1/9 scale: 0.67 * 2000 / 256^2 = lr / 9^2." in lines
+    assert "optim.lr = 1.028  # The head and the BatchNorm shifts stay on Nesterov SGD. The record's head lr 0.5415 " \
+           "per summed example, at batch 1536 and a 1/256 logit scale, moves the logits as lr 1.028 does with our " \
+           "mean loss and 1/9 scale: 0.5415 * 1536 / 256^2 = lr / 9^2." in lines
     assert "data.subset = null  # default" in lines and "data.mean = [0.4914, 0.4822, 0.4465]  # default" in lines
     assert "schedule.warmup_epochs = 0.0" in lines  # set by the recipe, without a comment
 
