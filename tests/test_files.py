@@ -60,4 +60,4 @@ def test_help_and_argument_errors_do_not_import_torch():
                           check=True).stdout.strip() == "False"
     done = subprocess.run([sys.executable, "-m", "cifarkit", "train", "--epochs", "many"], capture_output=True,
                           text=True)
-    assert done.returncode == 2 and "invalid int value: 'many'" in done.stderr
+    assert done.returncode == 2 and "invalid number value: 'many'" in done.stderr
