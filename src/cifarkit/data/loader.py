@@ -115,15 +115,16 @@ class TrainLoader:
         first_flips = torch.Generator(device=images.device).manual_seed(seed)
         self.first_epoch_flip = torch.rand(len(images), generator=first_flips, device=images.device) < 0.5
 
-    def epoch(self, epoch: int):
-        """Each step's micro-batches of this process: a list of (inputs, labels), one per shard it owns."""
+    def epoch(self, epoch: int, steps: int | None = None):
+        """Each step's micro-batches of this process: a list of (inputs, labels), one per shard it owns. `steps`: the
+        first so many of the epoch's steps (a run's cut-short last epoch); None: all of them."""
         device = self.images.device
         generator = torch.Generator(device=device).manual_seed(self.seed * 100_003 + epoch)
         order = torch.randperm(len(self.images), generator=generator, device=device)
         generators = {s: generator if s == 0 else torch.Generator(device=device).manual_seed(
             int(np.random.SeedSequence([self.seed, epoch, s]).generate_state(1, np.uint64)[0])) for s in self.own}
         crop = self.cfg.augment.early_crop if epoch <= self.cfg.augment.early_crop_epochs else None
-        for step in range(self.steps_per_epoch):
+        for step in range(self.steps_per_epoch if steps is None else steps):
             micro_batches = []
             with record_function("augmentation"):
                 for s in self.own:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import itertools
 import json
 import logging
 import shlex
@@ -273,9 +272,9 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         for epoch in range(start_epoch + 1, last_epoch + 1):
             try:
                 freeze_for_epoch(state, cfg, epoch)
-                stats = train_one_epoch(state, itertools.islice(loader.epoch(epoch), steps[epoch - 1]),
-                                        steps[epoch - 1], cfg.batch_size, setup.loss_fn, device, precision,
-                                        cfg.grad_clip, description=f"epoch {epoch}/{last_epoch}")
+                stats = train_one_epoch(state, loader.epoch(epoch, steps[epoch - 1]), steps[epoch - 1],
+                                        cfg.batch_size, setup.loss_fn, device, precision, cfg.grad_clip,
+                                        description=f"epoch {epoch}/{last_epoch}")
             except DivergenceError as e:
                 tracker.stop("FAILED")
                 kept = (f"the checkpoint of epoch {epoch - 1} is kept in {out / 'checkpoints' / 'last.pt'}"
@@ -365,8 +364,8 @@ def _train_shard(recipe: Recipe, setup: _Setup, resumed: dict | None) -> None:
     steps = cfg.steps_by_epoch(setup.loader.steps_per_epoch)
     for epoch in range(start_epoch + 1, len(steps) + 1):
         freeze_for_epoch(state, cfg, epoch)
-        train_one_epoch(state, itertools.islice(setup.loader.epoch(epoch), steps[epoch - 1]), steps[epoch - 1],
-                        cfg.batch_size, setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
+        train_one_epoch(state, setup.loader.epoch(epoch, steps[epoch - 1]), steps[epoch - 1], cfg.batch_size,
+                        setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
 
 
 def freeze_for_epoch(state: TrainState, cfg: TrainConfig, epoch: int) -> None:
