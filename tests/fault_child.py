@@ -46,8 +46,8 @@ def kill_in_epoch(epoch_to_kill: int, after_steps: int):
     from cifarkit.data import loader
     real_epoch = loader.TrainLoader.epoch
 
-    def epoch(self, number):
-        for step, batch in enumerate(real_epoch(self, number)):
+    def epoch(self, number, steps=None):
+        for step, batch in enumerate(real_epoch(self, number, steps)):
             if number == epoch_to_kill and step == after_steps:
                 die()
             yield batch
