@@ -8,7 +8,9 @@ runs log its accuracy, and this table leaves it out, so that choosing a recipe n
 Each run is a whole `cifarkit train --recipe R --set data.val_split=N --seed S --set KEY=VALUE...` process, one at a
 time, into RUNS_DIR/NAME-sSEED. A folder that already holds a finished run of the same recipe is read, not trained
 again, so a sweep can grow over several sittings; one whose recipe differs is refused. The variants take turns
-in a rotating order, seed by seed, so that a drift of the machine's speed does not favour one. Run it alone.
+in a rotating order, seed by seed, so that a drift of the machine's speed does not favour one. Run it alone: a run
+with an epoch much slower than its variant's others shared the CPU, and its time is left out of the time columns
+(its accuracy stands, since a seed trains to the same weights at any speed).
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ from cifarkit.training import train
 from cifarkit.training.config import flatten, load_recipe, to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
+# An epoch under this share of its variant's median images/s marks its run as slowed by another job. A clean run's
+# epochs stay within a few percent of each other (the first, which trains the whitening bias, is the slowest); a run
+# slowed all through, with no clean epoch of its variant to compare with, is not caught.
+SLOWED_BELOW = 0.85
 
 
 def run_folder(runs_dir: Path, name: str, seed: int, recipe: str, overrides: list[str]) -> Path:
@@ -68,6 +74,7 @@ def read_run(folder: Path) -> dict:
         "val_acc": last["val_acc"], "val_tta_acc": last.get("val_tta_acc"),
         "train_time_s": json.loads((folder / "summary.json").read_text())["train_time_s"],
         "epoch_time_s": [r["epoch_time_s"] for r in records],
+        "images_per_s": [r["images_per_s"] for r in records],
         "precision": run["precision"], "allocator": run["allocator"], "threads": run["threads"],
     }
 
@@ -95,25 +102,35 @@ def main(argv: list[str] | None = None) -> None:
 
     accuracy = "val_tta_acc" if all(r["val_tta_acc"] is not None for v in runs.values() for r in v.values()) \
         else "val_acc"
+    for seeds in runs.values():
+        typical = statistics.median(rate for run in seeds.values() for rate in run["images_per_s"])
+        for run in seeds.values():
+            run["slowed"] = min(run["images_per_s"]) < SLOWED_BELOW * typical
     reference = runs[names[0]]
     variants = []
     for name, *overrides in args.variant:
         seeds = runs[name]
+        clean = [s for s in seeds if not seeds[s]["slowed"]]
+        paired = [s for s in clean if not reference[s]["slowed"]]
         variants.append({
             "name": name, "overrides": overrides,
             "mean_accuracy": statistics.mean(r[accuracy] for r in seeds.values()),
-            "mean_train_time_s": statistics.mean(r["train_time_s"] for r in seeds.values()),
             "accuracy_minus_first": statistics.mean(seeds[s][accuracy] - reference[s][accuracy] for s in seeds),
+            # Times of the runs no other job slowed; None where none is left.
+            "mean_train_time_s": statistics.mean(seeds[s]["train_time_s"] for s in clean) if clean else None,
             "train_time_over_first": statistics.mean(seeds[s]["train_time_s"] / reference[s]["train_time_s"]
-                                                     for s in seeds),
+                                                     for s in paired) if paired else None,
+            "time_seeds": paired,
             "runs": {str(seed): run for seed, run in seeds.items()},
         })
     lines = [f"| variant | {accuracy} per seed ({', '.join(map(str, args.seeds))}) | mean | minus {names[0]} "
-             f"(points) | training time over {names[0]}'s |", "|---|---|---:|---:|---:|"]
+             f"(points) | training time over {names[0]}'s (seeds neither run of which was slowed) |",
+             "|---|---|---:|---:|---:|"]
     for v in variants:
         per_seed = ", ".join(f"{100 * r[accuracy]:.2f}" for r in v["runs"].values())
+        ratio = "-" if v["train_time_over_first"] is None else f"{v['train_time_over_first']:.3f}"
         lines.append(f"| {v['name']} {' '.join(v['overrides'])} | {per_seed} | {100 * v['mean_accuracy']:.2f}% | "
-                     f"{100 * v['accuracy_minus_first']:+.2f} | {v['train_time_over_first']:.3f} |")
+                     f"{100 * v['accuracy_minus_first']:+.2f} | {ratio} ({', '.join(map(str, v['time_seeds']))}) |")
     print("\n".join(lines))
     typed = sys.argv[1:] if argv is None else argv
     paths = {i + 1 for i, arg in enumerate(typed) if arg in ("--runs-dir", "--json")}
