@@ -218,7 +218,8 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     run_info = {"versions": _versions(), "device": str(device), "precision": precision.name,
                 "allocator": allocator.in_use(), "cpu_features": cpu_features(), "dataset_sha256": dataset.sha256,
                 "train_images": len(loader.images), "val_images": len(val[0]), "threads": torch.get_num_threads()}
-    if source := git_source():  # which code trained the run, where it runs from a git checkout
+    # Which code trained the run, where it runs from a git checkout; asked by the rank that writes the run only.
+    if group.writes and (source := git_source()):
         run_info["source"] = source
     if caps := isa_caps():  # imitating an older CPU: cpu_features are the capped ones, and this says why
         run_info["isa_caps"] = caps
