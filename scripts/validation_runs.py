@@ -29,6 +29,7 @@ from cifarkit.core import device
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import portable, write_json
 from cifarkit.inference import backends
+from cifarkit.tools.speedrun import t_interval_half_width
 from cifarkit.training import train
 from cifarkit.training.config import flatten, load_recipe, to_dict
 
@@ -112,10 +113,15 @@ def main(argv: list[str] | None = None) -> None:
         seeds = runs[name]
         clean = [s for s in seeds if not seeds[s]["slowed"]]
         paired = [s for s in clean if not reference[s]["slowed"]]
+        differences = [seeds[s][accuracy] - reference[s][accuracy] for s in seeds]
+        difference, half = statistics.mean(differences), t_interval_half_width(differences)
         variants.append({
             "name": name, "overrides": overrides,
             "mean_accuracy": statistics.mean(r[accuracy] for r in seeds.values()),
-            "accuracy_minus_first": statistics.mean(seeds[s][accuracy] - reference[s][accuracy] for s in seeds),
+            # Seed by seed: the same seed draws the same held-out images, so the pairs share that part of the spread.
+            "accuracy_minus_first": difference,
+            "accuracy_minus_first_ci95": None if half is None or name == names[0] else [difference - half,
+                                                                                        difference + half],
             # Times of the runs no other job slowed; None where none is left.
             "mean_train_time_s": statistics.mean(seeds[s]["train_time_s"] for s in clean) if clean else None,
             "train_time_over_first": statistics.mean(seeds[s]["train_time_s"] / reference[s]["train_time_s"]
@@ -124,13 +130,17 @@ def main(argv: list[str] | None = None) -> None:
             "runs": {str(seed): run for seed, run in seeds.items()},
         })
     lines = [f"| variant | {accuracy} per seed ({', '.join(map(str, args.seeds))}) | mean | minus {names[0]} "
-             f"(points) | training time over {names[0]}'s (seeds neither run of which was slowed) |",
+             f"(points, 95% t-interval of the seeds' differences) | training time over {names[0]}'s (seeds "
+             "neither run of which was slowed) |",
              "|---|---|---:|---:|---:|"]
     for v in variants:
         per_seed = ", ".join(f"{100 * r[accuracy]:.2f}" for r in v["runs"].values())
         ratio = "-" if v["train_time_over_first"] is None else f"{v['train_time_over_first']:.3f}"
+        interval = v["accuracy_minus_first_ci95"]
+        difference = f"{100 * v['accuracy_minus_first']:+.2f}" + (
+            f" ({100 * interval[0]:+.2f} to {100 * interval[1]:+.2f})" if interval else "")
         lines.append(f"| {v['name']} {' '.join(v['overrides'])} | {per_seed} | {100 * v['mean_accuracy']:.2f}% | "
-                     f"{100 * v['accuracy_minus_first']:+.2f} | {ratio} ({', '.join(map(str, v['time_seeds']))}) |")
+                     f"{difference} | {ratio} ({', '.join(map(str, v['time_seeds']))}) |")
     print("\n".join(lines))
     typed = sys.argv[1:] if argv is None else argv
     paths = {i + 1 for i, arg in enumerate(typed) if arg in ("--runs-dir", "--json")}

@@ -29,8 +29,12 @@ def test_variants_are_read_against_the_first_on_each_seed(cifar_home, tmp_path, 
             assert run["val_acc"] == last["val_acc"] and "test_acc" not in run
     assert base["accuracy_minus_first"] == 0
     assert base["train_time_over_first"] == (1 if base["time_seeds"] else None)  # 300-image runs time noisily
-    assert slow["accuracy_minus_first"] == pytest.approx(
-        sum(slow["runs"][s]["val_acc"] - base["runs"][s]["val_acc"] for s in ("0", "1")) / 2)
+    differences = [slow["runs"][s]["val_acc"] - base["runs"][s]["val_acc"] for s in ("0", "1")]
+    assert slow["accuracy_minus_first"] == pytest.approx(sum(differences) / 2)
+    # Two seeds: the t-interval's half width is 12.71 x |d0 - d1| / 2 (the differences' stdev over sqrt 2).
+    low, high = slow["accuracy_minus_first_ci95"]
+    assert (high - low) / 2 == pytest.approx(12.706 * abs(differences[0] - differences[1]) / 2, rel=1e-3)
+    assert base["accuracy_minus_first_ci95"] is None
     assert "| slow train.epochs=1 data.subset=300 optim.lr=1e-5 |" in printed and result["table"][-1] in printed
     assert result["command"].endswith("--runs-dir runs --json out.json")
 
