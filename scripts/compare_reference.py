@@ -172,9 +172,9 @@ def round_orders(sides: list[str], rounds: int) -> list[list[str]]:
 
 def ratio_statistics(ratios: list[float]) -> dict:
     """Mean of per-round ratios with its 95% t-interval (None for fewer than 2 rounds)."""
-    from cifarkit.tools.speedrun import t_interval_half_width
-    mean, half = statistics.fmean(ratios), t_interval_half_width(ratios)
-    return {"per_round": ratios, "mean": mean, "ci95": None if half is None else [mean - half, mean + half]}
+    from cifarkit.tools.speedrun import mean_with_t_interval
+    mean, interval = mean_with_t_interval(ratios)
+    return {"per_round": ratios, "mean": mean, "ci95": interval}
 
 
 def check_muon_file(path: str | None) -> Path:

@@ -29,7 +29,7 @@ from cifarkit.core import device
 from cifarkit.core.errors import CifarkitError
 from cifarkit.core.files import portable, write_json
 from cifarkit.inference import backends
-from cifarkit.tools.speedrun import t_interval_half_width
+from cifarkit.tools.speedrun import mean_with_t_interval
 from cifarkit.training import train
 from cifarkit.training.config import flatten, load_recipe, to_dict
 
@@ -113,15 +113,13 @@ def main(argv: list[str] | None = None) -> None:
         seeds = runs[name]
         clean = [s for s in seeds if not seeds[s]["slowed"]]
         paired = [s for s in clean if not reference[s]["slowed"]]
-        differences = [seeds[s][accuracy] - reference[s][accuracy] for s in seeds]
-        difference, half = statistics.mean(differences), t_interval_half_width(differences)
+        difference, interval = mean_with_t_interval([seeds[s][accuracy] - reference[s][accuracy] for s in seeds])
         variants.append({
             "name": name, "overrides": overrides,
             "mean_accuracy": statistics.mean(r[accuracy] for r in seeds.values()),
             # Seed by seed: the same seed draws the same held-out images, so the pairs share that part of the spread.
             "accuracy_minus_first": difference,
-            "accuracy_minus_first_ci95": None if half is None or name == names[0] else [difference - half,
-                                                                                        difference + half],
+            "accuracy_minus_first_ci95": None if name == names[0] else interval,
             # Times of the runs no other job slowed; None where none is left.
             "mean_train_time_s": statistics.mean(seeds[s]["train_time_s"] for s in clean) if clean else None,
             "train_time_over_first": statistics.mean(seeds[s]["train_time_s"] / reference[s]["train_time_s"]

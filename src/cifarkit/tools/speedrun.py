@@ -32,6 +32,12 @@ def t_interval_half_width(values: list[float]) -> float | None:
     return float(stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)))
 
 
+def mean_with_t_interval(values: list[float]) -> tuple[float, list[float] | None]:
+    """The mean of `values` and its 95% Student-t interval (None for fewer than 2)."""
+    mean, half = statistics.fmean(values), t_interval_half_width(values)
+    return mean, None if half is None else [mean - half, mean + half]
+
+
 def statistics_against(accuracies: list[float], target: float) -> dict:
     """Mean, sample std, 95% t-interval and the one-sided t-test of H0: mean <= target against H1: mean > target."""
     from scipy import stats
