@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import torch
 from cifarkit.core import device
 from cifarkit.core.files import write_json
 from cifarkit.inference import backends
-from cifarkit.tools.speedrun import t_interval_half_width
+from cifarkit.tools.speedrun import mean_with_t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,10 +76,10 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
     ratios = [b["step_s"] / a["step_s"] for b, a in zip(runs["before"], runs["after"])]
-    mean = statistics.fmean(ratios)
-    half = t_interval_half_width(ratios)
+    mean, interval = mean_with_t_interval(ratios)
+    half = None if interval is None else interval[1] - mean
     print(f"speed-up per step (before / after), per pair: {', '.join(f'{r:.2f}' for r in ratios)}; mean {mean:.2f}"
-          + (f" +- {half:.2f} (95% t-interval)" if half is not None else ""))
+          + (f" (95% t-interval {interval[0]:.2f} to {interval[1]:.2f})" if interval else ""))
     kind = backends.cpu_kind()
     out = ROOT / (args.json or Path("results") / f"profile-ab-{args.recipe}-{kind}.json")
     write_json(out, {

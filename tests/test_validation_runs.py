@@ -26,7 +26,7 @@ def test_variants_are_read_against_the_first_on_each_seed(cifar_home, tmp_path, 
         for seed, run in variant["runs"].items():
             last = json.loads((tmp_path / "runs" / f"{variant['name']}-s{seed}" / "metrics.jsonl").read_text()
                               .splitlines()[-1])
-            assert run["val_acc"] == last["val_acc"] and "test_acc" not in run
+            assert run["val_acc"] == last["val_acc"] and run["val_loss"] == last["val_loss"] and "test_acc" not in run
     assert base["accuracy_minus_first"] == 0
     assert base["train_time_over_first"] == (1 if base["time_seeds"] else None)  # 300-image runs time noisily
     differences = [slow["runs"][s]["val_acc"] - base["runs"][s]["val_acc"] for s in ("0", "1")]
@@ -35,6 +35,13 @@ def test_variants_are_read_against_the_first_on_each_seed(cifar_home, tmp_path, 
     low, high = slow["accuracy_minus_first_ci95"]
     assert (high - low) / 2 == pytest.approx(12.706 * abs(differences[0] - differences[1]) / 2, rel=1e-3)
     assert base["accuracy_minus_first_ci95"] is None
+    # The loss of the same logits, read the same way.
+    loss_differences = [slow["runs"][s]["val_loss"] - base["runs"][s]["val_loss"] for s in ("0", "1")]
+    assert slow["loss_minus_first"] == pytest.approx(sum(loss_differences) / 2) and base["loss_minus_first"] == 0
+    low, high = slow["loss_minus_first_ci95"]
+    assert low <= slow["loss_minus_first"] <= high and base["loss_minus_first_ci95"] is None
+    assert f"| {100 * slow['accuracy_minus_first']:+.2f} ({100 * slow['accuracy_minus_first_ci95'][0]:+.2f} to " \
+        in printed and f"| {slow['loss_minus_first']:+.4f} ({low:+.4f} to {high:+.4f}) |" in printed
     assert "| slow train.epochs=1 data.subset=300 optim.lr=1e-5 |" in printed and result["table"][-1] in printed
     assert result["command"].endswith("--runs-dir runs --json out.json")
 
