@@ -653,13 +653,29 @@ def winograd_block() -> str:
     return "\n".join(parts).rstrip() or "No measurement yet: `python scripts/measure_winograd.py`."
 
 
+def validation_block() -> str:
+    """Every recipe sweep on a validation split (scripts/validation_runs.py), oldest first, with the table the
+    script printed."""
+    sweeps = sorted(((json.loads(path.read_text()), path) for path in RESULTS.glob("validation-*.json")),
+                    key=lambda sweep: sweep[0]["measured"])
+    parts = []
+    for result, path in sweeps:
+        first_run = next(iter(result["variants"][0]["runs"].values()))
+        # A recipe's values change over time: the commit the table was written at names the ones its runs had.
+        parts.append(f"`{result['recipe']}` as at {result['written_at_commit']}, on {result['val_split']:,} held-out "
+                     f"training images, {hardware(result['environment'])}, {first_run['precision']} "
+                     f"(`{result['command']}`, `results/{path.name}`):\n\n"
+                     + "\n".join(result["table"]))
+    return "\n\n".join(parts) or "No sweep yet: `python scripts/validation_runs.py`."
+
+
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
           "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block, "gpu": gpu_block,
           "predict": predict_block, "serve": serve_block,
           "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
           "containers": containers_block, "contracts": contracts_block, "layers": layers_block,
           "serving-goals": serving_goals_block, "winograd": winograd_block,
-          "modules": modules_block}
+          "modules": modules_block, "validation": validation_block}
 
 
 def pages() -> list[Path]:

@@ -45,6 +45,17 @@ def test_serving_goals_name_what_the_model_alone_allows():
         assert f"| {best / alone['batch_1_images_per_s']:.2f}x |" in row
 
 
+def test_every_validation_sweep_is_shown_oldest_first_with_its_table():
+    sweeps = sorted((json.loads(path.read_text())["measured"], path) for path in (ROOT / "results").glob(
+        "validation-*.json"))
+    block = render.validation_block()
+    positions = [block.index(f"`results/{path.name}`") for _, path in sweeps]
+    assert len(positions) > 0 and positions == sorted(positions)
+    for _, path in sweeps:
+        result = json.loads(path.read_text())
+        assert all(line in block for line in result["table"]) and f"as at {result['written_at_commit']}," in block
+
+
 def test_the_bf16_winograd_table_times_each_layer_as_training_takes_it(tmp_path, monkeypatch):
     measure = load_script(ROOT / "scripts" / "measure_winograd.py")
     out = tmp_path / "winograd-layers-bf16-test.json"
