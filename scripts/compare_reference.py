@@ -25,6 +25,9 @@ The references are written for CUDA in fp16. Each runs here as cifarkit runs on 
   timer, is skipped, as `fast` evaluates only at the end;
 - the same data: this machine's CIFAR-10 cache, written as the train.pt / test.pt files their loaders read first.
 
+`--set KEY=VALUE` (repeatable) times a variant of cifarkit's recipe, as `cifarkit train --set` makes it: the
+results record the overrides, and a file's rounds are kept only for the same ones.
+
 Test-time augmentation: the references evaluate 6 views of every test image (TTA level 2). `fast` as shipped gives
 its 5 extra views to the least confident quarter of the images (2.25 views per image); its weights are evaluated again
 after its process ends, untimed, with the same 6 views of every image, in its training precision.
@@ -247,10 +250,12 @@ def six_view_accuracy(run_dir: Path, precision_name: str) -> float:
     return result["acc"]
 
 
-def cifarkit_run(recipe: str, seed: int, subset: int | None, folder: Path, env: dict) -> dict:
+def cifarkit_run(recipe: str, overrides: list[str], seed: int, subset: int | None, folder: Path, env: dict) -> dict:
     import yaml
     command = [sys.executable, "-m", "cifarkit", "train", "--recipe", recipe, "--seed", str(seed), "--out",
                str(folder)] + (["--subset", str(subset)] if subset else [])
+    for override in overrides:
+        command += ["--set", override]
     seconds, _ = timed(command, env)
     summary = json.loads((folder / "summary.json").read_text())
     run = yaml.safe_load((folder / "config.yaml").read_text())["run"]
@@ -270,13 +275,18 @@ def side_summary(runs: list[dict], with_six_views: bool) -> dict:
     return summary
 
 
+def variant(recipe: str, overrides: list[str]) -> str:
+    """cifarkit's side as its command line names it: the recipe, and what --set changes in it."""
+    return " ".join([f"--recipe {recipe}", *(f"--set {override}" for override in overrides)])
+
+
 def print_table(result: dict) -> None:
     ours = result["cifarkit"]
     print("| side | runs | test acc (its TTA) | test acc (6 views) | whole process | training | speed-up, whole "
           "(95% CI) | speed-up, training (95% CI) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| cifarkit {result['recipe']} | {ours['accuracy']['n']} | {100 * ours['accuracy']['mean']:.2f}% | "
-          f"{100 * ours['accuracy_6_views']['mean']:.2f}% | {ours['wall_time_s']:.1f} s | {ours['train_time_s']:.1f} s"
-          f" | | |")
+    print(f"| cifarkit {variant(result['recipe'], result['overrides'])} | {ours['accuracy']['n']} | "
+          f"{100 * ours['accuracy']['mean']:.2f}% | {100 * ours['accuracy_6_views']['mean']:.2f}% | "
+          f"{ours['wall_time_s']:.1f} s | {ours['train_time_s']:.1f} s | | |")
     for name, side in result["references"].items():
         cells = []
         for timer in ("whole_process", "training"):
@@ -362,6 +372,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs of each side, in alternating rounds (default: 3)")
     parser.add_argument("--first-seed", type=int, default=0, help="seed of the first round (default: 0)")
     parser.add_argument("--recipe", default="fast", help="cifarkit's side (default: fast)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override a field of cifarkit's recipe, as `cifarkit train --set` does (repeatable): "
+                             "time a variant of it")
     parser.add_argument("--subset", type=int, help="train every side on this many images: a check that everything "
                                                    "runs, not a comparison")
     parser.add_argument("--json", help="write the results to this file after each round; rounds it already holds "
@@ -370,6 +383,12 @@ def main() -> None:
     muon_file = check_muon_file(args.muon) if MUON in args.references else None
     if args.runs < 1:
         sys.exit(f"--runs {args.runs}: give 1 or more (3 or more for a confidence interval worth reading)")
+    from cifarkit.core.errors import CifarkitError
+    from cifarkit.training.config import load_recipe
+    try:  # a bad key or value fails here, not in the first round's training process
+        load_recipe(args.recipe, args.overrides)
+    except CifarkitError as e:
+        sys.exit(f"{variant(args.recipe, args.overrides)}: {e}")
 
     import torch
 
@@ -391,6 +410,8 @@ def main() -> None:
                 "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
                 "muon_sha256": hashlib.sha256(muon_file.read_bytes()).hexdigest() if muon_file else None,
                 "code": code_version()}
+    if args.overrides:  # only where given: the files written before --set existed hold no such key
+        settings["overrides"] = args.overrides
     checkout = settings["code"]["commit"]  # before kept_rounds, which may name the comparison's first commit there
     rounds = kept_rounds(args.json, settings)
     if rounds:
@@ -399,13 +420,14 @@ def main() -> None:
     sides = ["cifarkit", *args.references]
     command = "python scripts/compare_reference.py " + " ".join(
         ([f"--muon {muon_file.name}"] if muon_file else []) + [f"--references {' '.join(args.references)}",
-         f"--runs {args.runs}", f"--first-seed {args.first_seed}", f"--recipe {args.recipe}"]
+         f"--runs {args.runs}", f"--first-seed {args.first_seed}", variant(args.recipe, args.overrides)]
         + ([f"--subset {args.subset}"] if args.subset else []) + ([f"--json {portable(args.json)}"]
                                                                    if args.json else []))
 
     def result() -> dict:
         return {"command": command, "measured": rounds[-1]["finished"], "cpu_kind": settings["cpu_kind"],
-                "recipe": args.recipe, "subset": args.subset, "precision_policy": precision,
+                "recipe": args.recipe, "overrides": args.overrides, "subset": args.subset,
+                "precision_policy": precision,
                 "newton_schulz_dtype": newton_schulz, "preloaded_by_all": settings["preloaded_by_all"],
                 "timers": {"whole_process": "launch to exit, imports included",
                            "training": "each side's own clock over its training steps"},
@@ -429,7 +451,8 @@ def main() -> None:
 
         def run_side(side: str, seed: int) -> dict:
             if side == "cifarkit":
-                return cifarkit_run(args.recipe, seed, args.subset, scratch / f"cifarkit-{seed}", env)
+                return cifarkit_run(args.recipe, args.overrides, seed, args.subset, scratch / f"cifarkit-{seed}",
+                                    env)
             path, _, extra = drivers[side]
             seconds, out = timed([str(pythons[side]), str(path), str(seed), str(scratch / "data"), precision,
                                   newton_schulz, *extra], reference_env)
@@ -446,10 +469,11 @@ def main() -> None:
         muon, mine = final["references"][MUON], final["cifarkit"]
         met = muon["speedup"]["whole_process"]["mean"] >= GOAL and \
             mine["accuracy"]["mean"] >= muon["accuracy"]["mean"]
-        print(f"goal ({args.recipe} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
+        side = variant(args.recipe, args.overrides)
+        print(f"goal ({side} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
               f"{'met' if met else 'not met'}")
         difference = difference_of_means([r["test_acc"] for r in mine["runs"]], [r["test_acc"] for r in muon["runs"]])
-        print(f"mean accuracy, {args.recipe} minus {MUON}: {describe_difference(difference)}")
+        print(f"mean accuracy, {side} minus {MUON}: {describe_difference(difference)}")
     if args.json:
         print(f"wrote {args.json}")
 

@@ -173,9 +173,9 @@ def cpu_kind_block() -> str:
         against = "; ".join(f"{side['speedup']['whole_process']['mean']:.2f}x as fast as {name} (whole process, "
                             f"{100 * side['accuracy']['mean']:.2f}% there)"
                             for name, side in compared["references"].items())
-        lines.append(f"| {compared['cpu_kind']} | {processor_of(compared['environment'])} | `fast` training, "
-                     f"{compared['precision_policy']}{_code_of(compared)} | {100 * ours['accuracy']['mean']:.2f}% mean "
-                     f"test accuracy (n = {_rounds_done(compared)}; "
+        lines.append(f"| {compared['cpu_kind']} | {processor_of(compared['environment'])} | {_side_of(compared)} "
+                     f"training, {compared['precision_policy']}{_code_of(compared)} | "
+                     f"{100 * ours['accuracy']['mean']:.2f}% mean test accuracy (n = {_rounds_done(compared)}; "
                      f"{100 * ours['accuracy_6_views']['mean']:.2f}% with 6 TTA views), "
                      f"{ours['wall_time_s'] / 60:.1f} min mean wall time; {against} | `{compared['command']}` "
                      f"(`results/{path.name}`) |")
@@ -489,7 +489,7 @@ def _reference_comparison(result: dict) -> str:
     lines += ["| side | runs | test accuracy, its own TTA | 6 views of every image | whole process | training "
               "| `fast`'s speed-up, whole process (95% CI) | training (95% CI) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|",
-              f"| `cifarkit train --recipe {result['recipe']}` | {ours['accuracy']['n']} | "
+              f"| `cifarkit train --recipe {_variant(result)}` | {ours['accuracy']['n']} | "
               f"{100 * ours['accuracy']['mean']:.2f}% | {100 * ours['accuracy_6_views']['mean']:.2f}% | "
               f"{ours['wall_time_s'] / 60:.1f} min | {ours['train_time_s'] / 60:.1f} min | | |"]
     for name, side in result["references"].items():
@@ -498,7 +498,7 @@ def _reference_comparison(result: dict) -> str:
         lines.append(f"| {name} (`{side['source'].split(',')[0]}`) | {side['accuracy']['n']} | | "
                      f"{100 * side['accuracy']['mean']:.2f}% | {side['wall_time_s'] / 60:.1f} min | "
                      f"{side['train_time_s'] / 60:.1f} min | {ratios[0]} | {ratios[1]} |")
-    lines += ["", *(_accuracy_difference(result["recipe"], ours["runs"], name, side["runs"])
+    lines += ["", *(_accuracy_difference(_variant(result), ours["runs"], name, side["runs"])
                     for name, side in result["references"].items())]
     observed = "; ".join(f"{name}: " + ", ".join(sorted({_observed(run) for run in side["runs"]}))
                          for name, side in [("cifarkit", ours), *result["references"].items()])
@@ -533,6 +533,17 @@ def _rounds_done(result: dict) -> str:
     done = len(result.get("rounds", result["cifarkit"]["runs"]))
     asked = _rounds_asked(result)
     return str(done) if done >= asked else f"{done} of the command's {asked} rounds"
+
+
+def _variant(result: dict) -> str:
+    """cifarkit's side of a comparison as its command line named it: the recipe, then any --set."""
+    return " ".join([result["recipe"], *(f"--set {o}" for o in result.get("overrides") or [])])
+
+
+def _side_of(result: dict) -> str:
+    """The README's name for cifarkit's side: the recipe, and the fields a --set changed in it."""
+    changed = ", ".join(f"`{o}`" for o in result.get("overrides") or [])
+    return f"`{result['recipe']}`" + (f" with {changed}" if changed else "")
 
 
 def _code_of(result: dict) -> str:

@@ -158,3 +158,34 @@ def test_an_unfinished_comparison_says_how_many_rounds_it_holds_and_how_to_finis
             in render._reference_comparison(asked_three))
     assert "Unfinished" not in render._reference_comparison({**asked_three, "rounds": rounds * 2})
     assert "Unfinished" not in render._reference_comparison(result)  # the first form records no rounds
+
+
+def test_a_variant_is_checked_first_trained_as_set_kept_apart_and_named(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["compare_reference.py", "--references", "airbench94", "--set", "train.epochs=x"])
+    with pytest.raises(SystemExit, match=r"--recipe fast --set train.epochs=x: bad value for train.epochs"):
+        compare.main()
+
+    commands = []
+
+    def stop(command, env):
+        commands.append(command)
+        raise RuntimeError("not trained here")
+    monkeypatch.setattr(compare, "timed", stop)
+    with pytest.raises(RuntimeError):
+        compare.cifarkit_run("fast", ["train.epochs=7.59", "train.tta=false"], 3, None, tmp_path, {})
+    assert commands[0][-4:] == ["--set", "train.epochs=7.59", "--set", "train.tta=false"]
+
+    path = tmp_path / "compare.json"
+    variant_settings = {**SETTINGS, "overrides": ["train.epochs=7.59"]}
+    path.write_text(json.dumps({"settings": variant_settings, "rounds": [{"seed": 0}]}))
+    with pytest.raises(SystemExit, match=r"it differs in overrides"):
+        compare.kept_rounds(str(path), SETTINGS)
+    assert compare.kept_rounds(str(path), json.loads(json.dumps(variant_settings))) == [{"seed": 0}]
+
+    result = json.loads((ROOT / "tests" / "fixtures" / "compare-reference-subset.json").read_text())
+    result["overrides"] = ["train.epochs=7.59"]
+    block = render._reference_comparison(result)
+    assert "| `cifarkit train --recipe fast --set train.epochs=7.59` |" in block
+    assert "Mean test accuracy, `fast --set train.epochs=7.59` minus airbench94_muon" in block
+    assert render._side_of(result) == "`fast` with `train.epochs=7.59`"
+    assert render._side_of({**result, "overrides": []}) == "`fast`"
