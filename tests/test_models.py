@@ -313,3 +313,27 @@ def test_each_cpu_gets_the_plan_measured_for_its_bf16_engine(monkeypatch):
         layers.cpu_plan.cache_clear()
         assert layers.cpu_plan() is layers.KERNEL_PLANS[plan]
     layers.cpu_plan.cache_clear()
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fastnet_training_step_compiles_as_one_graph(bf16):
+    # `train.compile` on the CPU: Conv3x3's own paths (Winograd, the matmul weight gradient) would break the graph at
+    # every layer, and Winograd's transforms failed dynamo's tracing; compiled, each layer is a plain convolution.
+    # aot_eager traces forward and backward as inductor would, without building C++, so the test takes seconds.
+    torch.manual_seed(0)
+    model = models.create("fastnet").train()
+    x = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    grads = []
+    for forward in (compiled, model):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = forward(x).float().square().sum()
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    convs = [m for m in model.modules() if isinstance(m, layers.Conv3x3)]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        assert {conv.path(torch.zeros(1, conv.in_channels, 7, 7)) for conv in convs} != {"plain"}  # eager: not plain
+    for compiled_grad, eager_grad in zip(*grads, strict=True):
+        assert compiled_grad.isfinite().all()
+        assert ((compiled_grad - eager_grad).norm() / eager_grad.norm()).item() < (5e-2 if bf16 else 1e-4)

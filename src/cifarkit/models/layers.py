@@ -149,9 +149,11 @@ class Conv3x3(nn.Conv2d):
         "onednn-cropped" (oneDNN on a pad that crops them), "winograd-bf16" (`WinogradConv3x3` in bf16 on the kept
         ones, in blocks of BF16_WINOGRAD_TILE) or, in fp32, "winograd" (`WinogradConv3x3` on the kept rows and
         columns, or on all of an unpooled layer's, in blocks of `winograd_tile`). Only training on the CPU leaves
-        the plain path."""
+        the plain path, and not under torch.compile (`train.compile`): its graph then takes oneDNN's convolution
+        whole, which these autograd functions would break at every layer."""
         h, w = x.shape[-2:]
-        if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu"):
+        if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad and x.device.type == "cpu") \
+                or torch.compiler.is_compiling():
             return "plain"
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
         crop = self.pooled and w % 2 == 1 and h % 2 == 1
