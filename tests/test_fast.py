@@ -421,6 +421,8 @@ def test_computed_convolution_products_follow_each_layers_training_path():
     # A frozen first layer: the plain path (all 49 outputs) and its forward alone; the next input needs no gradient.
     net[0].weight.requires_grad_(False)
     assert profiling.computed_convolution_macs(net, [7, 7], None) == 49 * 9 * 3 * 8 + 2 * 36 * 8 * 8
+    # Under torch.compile every Conv3x3 takes the plain path: all outputs, 9 products each.
+    assert profiling.computed_convolution_macs(net, [7, 7], None, compiled=True) == 49 * 9 * 3 * 8 + 2 * 9 * 9 * 8 * 8
 
 
 def test_profile_counts_conv3x3_s_matmul_weight_gradient_as_the_convolution_s():

@@ -97,8 +97,8 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     convolutions_s = parts.get("convolution", 0.0) + parts.get("convolution backward", 0.0)
     # forward, input gradient and weight gradient: three times the forward's multiply-adds, two FLOPs each
     convolution_flop = 3 * 2 * convolution_macs(state.model, image_size) * cfg.batch_size
-    computed_flop = 2 * computed_convolution_macs(state.model, image_size, setup.precision.autocast_dtype) \
-        * cfg.batch_size
+    computed_flop = 2 * computed_convolution_macs(state.model, image_size, setup.precision.autocast_dtype,
+                                                  compiled=cfg.compile) * cfg.batch_size
     peak = matmul_peak(setup.precision.autocast_dtype or torch.float32, device)
     return {
         "recipe": recipe.name, "model": recipe.model.name, "batch_size": cfg.batch_size, "steps": steps,
@@ -183,17 +183,20 @@ def convolution_macs(model: torch.nn.Module, image_size: list[int]) -> int:
     return total
 
 
-def computed_convolution_macs(model: torch.nn.Module, image_size: list[int], autocast_dtype: torch.dtype | None) -> int:
+def computed_convolution_macs(model: torch.nn.Module, image_size: list[int], autocast_dtype: torch.dtype | None,
+                              compiled: bool = False) -> int:
     """Multiply-adds per image that a training step's convolutions compute, as the model stands (which parameters
     train): each forward on its training path (`Conv3x3.multiply_adds`: the outputs a pooled layer keeps,
-    Winograd's fewer products), again for the input's gradient where the input has one, and for the weight's where
-    the weight trains. Counted on a copy, so the model's BatchNorm statistics are untouched."""
+    Winograd's fewer products; `compiled`, under torch.compile, every output directly, as `Conv3x3.path` has it
+    there), again for the input's gradient where the input has one, and for the weight's where the weight trains.
+    Counted on a copy, so the model's BatchNorm statistics are untouched."""
     total = 0
 
     def count(module, inputs, output):
         nonlocal total
         x = inputs[0]
-        forward = module.multiply_adds(x) if isinstance(module, Conv3x3) else _direct_macs(module, output[0])
+        own_path = isinstance(module, Conv3x3) and not compiled
+        forward = module.multiply_adds(x) if own_path else _direct_macs(module, output[0])
         total += forward * (1 + int(x.requires_grad) + int(module.weight.requires_grad))
 
     twin = copy.deepcopy(model).train()
