@@ -45,6 +45,27 @@ def test_serving_goals_name_what_the_model_alone_allows():
         assert f"| {best / alone['batch_1_images_per_s']:.2f}x |" in row
 
 
+def test_serving_defaults_are_compared_with_backends_of_the_same_processor(tmp_path, monkeypatch):
+    """Zen 2 and Zen 3 are both of the AVX2 kind: a faster backend on one must not set the other's 'best here'."""
+    def bench(name, cpu_model, backend, req_per_s):
+        goals = {"req_per_s": req_per_s, "p99_ms": 200.0, "p99_met": False, "ratio": 1.5, "ratio_met": False}
+        result = {"command": f"python scripts/bench_serve.py --backend {backend}",
+                  "environment": {"processor": "AMD EPYC", "cpu_model": cpu_model, "cpu_features": ["avx2"]},
+                  "model_alone": {"batch_1_images_per_s": 100.0, "batch_32_images_per_s": 200.0,
+                                  "batch_64_images_per_s": 150.0},
+                  "servers": {"batched": {"served": {"backend": "onnxruntime"}}},
+                  "summary": {"goals": {"concurrency_64": goals},
+                              "goal_constants": {"concurrency": 64, "p99_ms": 100, "ratio": 2.5}}}
+        (tmp_path / f"serve-bench-{name}.json").write_text(json.dumps(result))
+    bench("a-defaults", "family 23 model 49", "auto", 300.0)
+    bench("b-fp32", "family 23 model 49", "torch-fp32", 400.0)
+    bench("c-other", "family 25 model 1", "torch-fp32", 600.0)
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    rows = [line for line in render.serving_goals_block().splitlines() if "`results/" in line]
+    assert "family 23 model 49" in rows[0] and "| 0.75x |" in rows[0]
+    assert "family 25 model 1" in rows[2]
+
+
 def test_every_validation_sweep_is_shown_oldest_first_with_its_table():
     sweeps = sorted((json.loads(path.read_text())["measured"], path) for path in (ROOT / "results").glob(
         "validation-*.json"))
