@@ -34,6 +34,13 @@ def test_overrides_are_typed_and_dotted():
     assert load_recipe("cifar10net", ["optim.weight_decay=5e-4"]).optim.weight_decay == 5e-4  # YAML reads a str
 
 
+@pytest.mark.parametrize("epochs, by_epoch", [(2, [25, 25]), (7.59, [25] * 7 + [15]), (0.01, [1])])
+def test_a_fraction_of_an_epoch_trains_its_steps_rounded_up(epochs, by_epoch):
+    train = load_recipe("fast", [f"train.epochs={epochs}"]).train
+    assert train.steps_by_epoch(25) == by_epoch
+    assert train.total_steps(25) == sum(by_epoch)  # what the lr schedule and Lookahead are built for
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.epoch=3", r"unknown key 'train.epoch'; valid keys here: train.epochs"),
     ("optimizer.lr=3", r"unknown key 'optimizer'"),

@@ -92,10 +92,14 @@ class TrainConfig:
     dist_backend: str | None = None  # torch.distributed backend under torchrun; None: nccl on CUDA, gloo otherwise
     sync_bn: bool = False  # SyncBatchNorm across the ranks (CUDA only); off: each rank normalizes its own shard
 
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """The optimizer steps of the whole run, a fraction of an epoch rounded up."""
+        return math.ceil(round(self.epochs * steps_per_epoch, 6))  # 8 x 25 is 200, not 200.00000000000003
+
     def steps_by_epoch(self, steps_per_epoch: int) -> list[int]:
         """The optimizer steps of each epoch the run trains: whole epochs, then the cut-short last one where
-        `epochs` has a fraction (its steps rounded up)."""
-        total = math.ceil(round(self.epochs * steps_per_epoch, 6))  # 8 x 25 is 200, not 200.00000000000003
+        `epochs` has a fraction."""
+        total = self.total_steps(steps_per_epoch)
         return [min(steps_per_epoch, total - done) for done in range(0, total, steps_per_epoch)]
 
 

@@ -419,7 +419,7 @@ def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, prec
         scaler=scaler,
         ema=build_ema(model, cfg.ema_decay),
         lookahead=build_lookahead(model, cfg.lookahead_every, cfg.lookahead_decay,
-                                  total_steps=sum(cfg.steps_by_epoch(loader.steps_per_epoch))),
+                                  total_steps=cfg.total_steps(loader.steps_per_epoch)),
         selector=_build_selector(recipe, loader, device, precision, memory_format, sample),
     )
 
@@ -432,7 +432,7 @@ def _optimization(model: nn.Module, recipe: Recipe, loader: TrainLoader, device:
         steps = {id(p): epochs * loader.steps_per_epoch for conv_group, epochs
                  in zip(model.conv_groups, cfg.group_train_epochs) for p in conv_group.parameters()}
         split_by_train_steps(optimizer, steps)
-    scheduler = build_schedule(optimizer, recipe.schedule, sum(cfg.steps_by_epoch(loader.steps_per_epoch)),
+    scheduler = build_schedule(optimizer, recipe.schedule, cfg.total_steps(loader.steps_per_epoch),
                                loader.steps_per_epoch)
     return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=precision.grad_scaler)
 
