@@ -90,6 +90,10 @@ def model_plans(precision: str) -> dict[str, dict[str, object]]:
             # The plan before F(4x4, 3x3): F(2x2) on the pooled layers and the unpooled 7x7 one.
             "f2_only": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH, "WINOGRAD_UNPOOLED_WIDTHS": (7,),
                         "WINOGRAD_MAX_TILE": 2},
+            # A layer faster on oneDNN on one processor of a kind (the pooled 15x15 one on a Zen 2, not on a Zen
+            # 3): does that survive in the whole model, where the layers share the caches?
+            "pooled_up_to_8": {"WINOGRAD_MAX_WIDTH": 8, "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS,
+                               "WINOGRAD_MAX_TILE": layers.WINOGRAD_MAX_TILE},
             "as_trained": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH,
                            "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS,
                            "WINOGRAD_MAX_TILE": layers.WINOGRAD_MAX_TILE}}
@@ -132,9 +136,14 @@ def whole_model(name: str, batch_size: int, rounds: int, precision: str) -> dict
     medians = {plan: statistics.median(s) for plan, s in samples.items()}
     print("whole model, forward + backward: " + ", ".join(f"{plan} {1e3 * s:.0f} ms" for plan, s in medians.items()),
           flush=True)
-    described = {plan: {key: ({kind: dataclasses.asdict(v) for kind, v in value.items()} if key == "KERNEL_PLANS"
-                              else value) for key, value in settings.items()} for plan, settings in plans.items()}
+    described = {plan: plain_settings(settings) for plan, settings in plans.items()}
     return {"plans": described, "median_s": medians, "samples_s": samples}
+
+
+def plain_settings(settings: dict) -> dict:
+    """A plan's layers.py settings as JSON holds them: each KernelPlan as a mapping."""
+    return {key: {kind: dataclasses.asdict(plan) for kind, plan in value.items()} if key == "KERNEL_PLANS" else value
+            for key, value in settings.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

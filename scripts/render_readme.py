@@ -187,8 +187,8 @@ def cpu_kind_block() -> str:
         spread = f", 95% CI +- {half:.2f}" if half is not None else ""
         lines.append(f"| {ab['cpu_kind']} | {processor_of(ab['environment'])} | `fast` training step, "
                      f"{after[0]['precision']}, batch 2,000, {after[0]['allocator']} | {step:.1f} s per step "
-                     f"({2000 / step:,.0f} img/s), {ab['speedup_mean']:.2f}x the step at {ab['before']} "
-                     f"(n = {len(after)} pairs{spread}) | `{ab['command']}` (`results/{path.name}`) |")
+                     f"({2000 / step:,.0f} img/s) at {ab['after']}, {ab['speedup_mean']:.2f}x the step at "
+                     f"{ab['before']} (n = {len(after)} pairs{spread}) | `{ab['command']}` (`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("profile-*.json")):  # `cifarkit profile --json`: the convolutions' share of peak
         if path.name.startswith("profile-ab-"):
             continue
@@ -614,7 +614,8 @@ def containers_block() -> str:
 
 
 PLAN_NAMES = {"onednn": "every layer on oneDNN", "f2_only": "F(2x2, 3x3) alone, as before F(4x4, 3x3)",
-              "without_winograd": "the kernel plan without Winograd"}
+              "without_winograd": "the kernel plan without Winograd",
+              "pooled_up_to_8": "the pooled 15x15 layer on oneDNN, pooled layers up to 8x8 on Winograd"}
 
 
 def winograd_block() -> str:

@@ -137,7 +137,8 @@ def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch
     # The whole model under each choice of layers, in turns; the choices shipped in layers.py are back in place after.
     whole = result["whole_model"]
     assert {plan: len(samples) for plan, samples in whole["samples_s"].items()} == {
-        "onednn": 2, "f2_only": 2, "as_trained": 2}
+        "onednn": 2, "f2_only": 2, "pooled_up_to_8": 2, "as_trained": 2}
+    assert whole["plans"]["pooled_up_to_8"]["WINOGRAD_MAX_WIDTH"] == 8  # the pooled 15x15 layer back on oneDNN
     assert whole["plans"]["as_trained"]["WINOGRAD_UNPOOLED_WIDTHS"] == list(measure.layers.WINOGRAD_UNPOOLED_WIDTHS)
     assert measure.layers.WINOGRAD_MAX_WIDTH > 0 and measure.layers.WINOGRAD_UNPOOLED_WIDTHS
     assert measure.layers.WINOGRAD_MAX_TILE == 4 and measure.winograd.TILE_ROWS == chosen_rows
