@@ -90,8 +90,8 @@ def model_plans(precision: str) -> dict[str, dict[str, object]]:
             # The plan before F(4x4, 3x3): F(2x2) on the pooled layers and the unpooled 7x7 one.
             "f2_only": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH, "WINOGRAD_UNPOOLED_WIDTHS": (7,),
                         "WINOGRAD_MAX_TILE": 2},
-            # A layer faster on oneDNN on one processor of a kind (the pooled 15x15 one on a Zen 2, not on a Zen
-            # 3): does that survive in the whole model, where the layers share the caches?
+            # The pooled 15x15 layer gains from F(4x4) on a Zen 3 but not on a Zen 2, of the same kind: does
+            # putting it back on oneDNN matter in the whole model, where the layers share the caches?
             "pooled_up_to_8": {"WINOGRAD_MAX_WIDTH": 8, "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS,
                                "WINOGRAD_MAX_TILE": layers.WINOGRAD_MAX_TILE},
             "as_trained": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH,
