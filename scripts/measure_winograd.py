@@ -86,17 +86,15 @@ def model_plans(precision: str) -> dict[str, dict[str, object]]:
                  "without_winograd": dataclasses.replace(shipped, winograd_cropped_max_width=0),
                  "as_trained": shipped}
         return {name: {"KERNEL_PLANS": dict.fromkeys(layers.KERNEL_PLANS, plan)} for name, plan in plans.items()}
+    shipped = {key: getattr(layers, key)
+               for key in ("WINOGRAD_MAX_WIDTH", "WINOGRAD_UNPOOLED_WIDTHS", "WINOGRAD_MAX_TILE")}
     return {"onednn": {"WINOGRAD_MAX_WIDTH": 0, "WINOGRAD_UNPOOLED_WIDTHS": (), "WINOGRAD_MAX_TILE": 2},
             # The plan before F(4x4, 3x3): F(2x2) on the pooled layers and the unpooled 7x7 one.
-            "f2_only": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH, "WINOGRAD_UNPOOLED_WIDTHS": (7,),
-                        "WINOGRAD_MAX_TILE": 2},
+            "f2_only": {**shipped, "WINOGRAD_UNPOOLED_WIDTHS": (7,), "WINOGRAD_MAX_TILE": 2},
             # The pooled 15x15 layer gains from F(4x4) on a Zen 3 but not on a Zen 2, of the same kind: does
             # putting it back on oneDNN matter in the whole model, where the layers share the caches?
-            "pooled_up_to_8": {"WINOGRAD_MAX_WIDTH": 8, "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS,
-                               "WINOGRAD_MAX_TILE": layers.WINOGRAD_MAX_TILE},
-            "as_trained": {"WINOGRAD_MAX_WIDTH": layers.WINOGRAD_MAX_WIDTH,
-                           "WINOGRAD_UNPOOLED_WIDTHS": layers.WINOGRAD_UNPOOLED_WIDTHS,
-                           "WINOGRAD_MAX_TILE": layers.WINOGRAD_MAX_TILE}}
+            "pooled_up_to_8": {**shipped, "WINOGRAD_MAX_WIDTH": 8},
+            "as_trained": shipped}
 
 
 def whole_model(name: str, batch_size: int, rounds: int, precision: str) -> dict:
