@@ -36,9 +36,9 @@ def profile(source: Path, recipe: str, steps: int, out: Path) -> dict:
                    stderr=subprocess.DEVNULL)
     result = json.loads(out.read_text())
     process = result["process_per_step"]
-    return {"step_s": result["step_s"], "allocator": result["environment"]["allocator"],
-            "precision": result["precision"], "system_share": process["system_s"] / (process["system_s"]
-                                                                                    + process["user_s"]),
+    return {"step_s": result["step_s"], "batch_size": result["batch_size"],
+            "allocator": result["environment"]["allocator"], "precision": result["precision"],
+            "system_share": process["system_s"] / (process["system_s"] + process["user_s"]),
             "minor_page_faults_per_step": process["minor_page_faults"], "parts_s": result["parts_s"]}
 
 

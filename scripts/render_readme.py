@@ -28,6 +28,9 @@ from cifarkit.tools.speedrun import describe_difference, difference_of_means
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
+# scripts/ab_profile.py records the batch since 2026-12-06; every A/B file written before timed `fast` at batch 2,000,
+# its batch until 5276c1b (`git show COMMIT:src/cifarkit/training/recipes/fast.yaml` at each file's "after").
+AB_BATCH_BEFORE_RECORDED = 2000
 
 
 def models_block() -> str:
@@ -183,11 +186,12 @@ def cpu_kind_block() -> str:
         ab = json.loads(path.read_text())
         after = ab["runs"]["after"]
         step = statistics.fmean(r["step_s"] for r in after)
+        batch = after[0].get("batch_size", AB_BATCH_BEFORE_RECORDED)
         half = ab.get("speedup_ci95_half_width")
         spread = f", 95% CI +- {half:.2f}" if half is not None else ""
         lines.append(f"| {ab['cpu_kind']} | {processor_of(ab['environment'])} | `fast` training step, "
-                     f"{after[0]['precision']}, batch 2,000, {after[0]['allocator']} | {step:.1f} s per step "
-                     f"({2000 / step:,.0f} img/s) at {ab['after']}, {ab['speedup_mean']:.2f}x the step at "
+                     f"{after[0]['precision']}, batch {batch:,}, {after[0]['allocator']} | {step:.1f} s per step "
+                     f"({batch / step:,.0f} img/s) at {ab['after']}, {ab['speedup_mean']:.2f}x the step at "
                      f"{ab['before']} (n = {len(after)} pairs{spread}) | `{ab['command']}` (`results/{path.name}`) |")
     for path in sorted(RESULTS.glob("profile-*.json")):  # `cifarkit profile --json`: the convolutions' share of peak
         if path.name.startswith("profile-ab-"):

@@ -183,3 +183,20 @@ def test_a_figure_taken_under_isa_caps_names_them_beside_the_processor():
     assert render.processor_of(environment, "AMX") == ("AMD EPYC (family 25 model 17, capped by ONEDNN_MAX_CPU_ISA="
                                                        "AVX2, capped by ATEN_CPU_CAPABILITY=avx2, AMX)")
     assert render.processor_of({"processor": "AMD EPYC", "isa_caps": {}}) == "AMD EPYC"
+
+
+@pytest.mark.parametrize("recorded, shown", [(1536, "batch 1,536, tcmalloc | 6.0 s per step (256 img/s)"),
+                                             (None, "batch 2,000, tcmalloc | 6.0 s per step (333 img/s)")])
+def test_an_ab_row_names_the_batch_its_runs_timed(tmp_path, monkeypatch, recorded, shown):
+    """The A/B file's own batch; a file from before ab_profile recorded it timed `fast` at its old batch, 2,000."""
+    runs = [{"step_s": step, "precision": "fp32", "allocator": "tcmalloc"} for step in (5.5, 6.5)]
+    for run in runs:
+        if recorded is not None:
+            run["batch_size"] = recorded
+    ab = {"cpu_kind": "avx2", "environment": {"processor": "AMD EPYC"}, "before": "aaaaaaa", "after": "bbbbbbb",
+          "runs": {"before": runs, "after": runs}, "speedup_mean": 1.0, "speedup_ci95_half_width": 0.1,
+          "command": "python scripts/ab_profile.py --before aaaaaaa"}
+    (tmp_path / "profile-ab-fast-avx2.json").write_text(json.dumps(ab))
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    rows = [line for line in render.cpu_kind_block().splitlines() if "profile-ab-fast-avx2.json" in line]
+    assert len(rows) == 1 and f"`fast` training step, fp32, {shown} at bbbbbbb" in rows[0]
