@@ -215,6 +215,39 @@ def test_whitening_bias_trains_for_its_epochs_then_freezes(cifar_home, tmp_path,
     assert not torch.equal(after_epoch[2]["head.2.weight"], after_epoch[1]["head.2.weight"])  # the rest trains on
 
 
+def test_an_annealed_whitening_bias_stops_moving_when_its_own_schedule_ends(cifar_home, tmp_path, monkeypatch):
+    """The record's whitening bias: its lr runs the linear schedule to zero in 0.5 epochs (3 steps an epoch: 1.5,
+    rounded up to 2 steps), while the rest keeps the run's schedule; it is still computed in epoch 2, unmoved."""
+    after_epoch, lrs = [], []
+
+    def recording(state, *args, **kwargs):
+        stats = real_epoch(state, *args, **kwargs)
+        after_epoch.append({k: v.clone() for k, v in state.model.state_dict().items()})
+        bias = next(g for g in state.optimizer.param_groups if any(p is state.model.whiten.bias for p in g["params"]))
+        lrs.append((bias["lr"], bias["train_steps"], state.model.whiten.bias.requires_grad))
+        return stats
+    real_epoch = train.train_one_epoch
+    monkeypatch.setattr(train, "train_one_epoch", recording)
+    settings = ["train.epochs=3", "train.whiten_bias_epochs=2", "train.whiten_bias_anneal_epochs=0.5",
+                "train.batch_size=100", "data.subset=300", "train.tta=false"]
+    train.run(load_recipe("fast", settings), out=tmp_path / "run")
+    assert lrs == [(0.0, 2, True), (0.0, 2, True), (0.0, 2, False)]
+    assert not torch.equal(after_epoch[0]["whiten.bias"], torch.zeros_like(after_epoch[0]["whiten.bias"]))
+    assert torch.equal(after_epoch[1]["whiten.bias"], after_epoch[0]["whiten.bias"])
+    assert not torch.equal(after_epoch[1]["head.2.weight"], after_epoch[0]["head.2.weight"])  # the rest trains on
+
+
+@pytest.mark.parametrize("settings", [
+    ["train.whiten_bias_epochs=null", "train.whiten_bias_anneal_epochs=0.5"],  # a bias that never freezes
+    ["train.whiten_bias_anneal_epochs=1.5"],  # longer than fast's 1 epoch of the bias
+    ["train.whiten_bias_anneal_epochs=0"],
+    ["train.whiten_bias_anneal_epochs=0.5", "schedule.name=cosine"],
+])
+def test_a_whitening_bias_anneal_that_cannot_run_its_course_is_refused(settings):
+    with pytest.raises(CifarkitError, match="bad value for train.whiten_bias_anneal_epochs"):
+        load_recipe("fast", settings)
+
+
 def test_a_fraction_of_an_epoch_cuts_the_last_one_short_and_the_schedule_ends_with_it(cifar_home, tmp_path,
                                                                                      monkeypatch):
     trained = []

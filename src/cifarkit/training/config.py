@@ -50,6 +50,11 @@ class ScheduleConfig:
     final_factor: float = 0.0  # linear: the lr at the end, as a fraction of optim.lr
 
 
+def steps_in(epochs: float, steps_per_epoch: int) -> int:
+    """The optimizer steps of `epochs` epochs, a fraction of a step rounded up."""
+    return math.ceil(round(epochs * steps_per_epoch, 6))  # 8 x 25 is 200, not 200.00000000000003
+
+
 @dataclass
 class TrainConfig:
     # Passes over the training images; a fraction cuts the last one short (the 2025 A100 record trains 7.59).
@@ -72,6 +77,10 @@ class TrainConfig:
     # Epochs the whitening layer's bias trains before it freezes (FastNet); None: it trains throughout. Frozen, the
     # first convolution's input gradient is not needed, and steps get cheaper (docs/recipes-and-speed.md).
     whiten_bias_epochs: int | None = None
+    # With whiten_bias_epochs and the linear schedule: the bias's lr runs the schedule's whole course in this many
+    # epochs (whole steps, rounded up), as the 2025 record trains it for 0.19 of an epoch, its lr falling to zero.
+    # With final_factor 0 the bias stops moving then; its gradient is computed until whiten_bias_epochs ends.
+    whiten_bias_anneal_epochs: float | None = None
     # FreezeOut (Brock et al. 2017): epochs each conv group trains, first group first, before it freezes with its
     # BatchNorm shifts; a group not listed trains throughout. A frozen group, and every group before it, needs no
     # backward pass, and late in a decaying schedule an early group's steps are small.
@@ -94,7 +103,7 @@ class TrainConfig:
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """The optimizer steps of the whole run, a fraction of an epoch rounded up."""
-        return math.ceil(round(self.epochs * steps_per_epoch, 6))  # 8 x 25 is 200, not 200.00000000000003
+        return steps_in(self.epochs, steps_per_epoch)
 
     def steps_by_epoch(self, steps_per_epoch: int) -> list[int]:
         """The optimizer steps of each epoch the run trains: whole epochs, then the cut-short last one where
@@ -209,15 +218,7 @@ def _check_ranges(recipe: Recipe) -> None:
     check_seed(recipe.train.seed, "train.seed")
     if recipe.data.subset is not None and recipe.data.subset < 10:
         raise CifarkitError(f"bad value for data.subset: {recipe.data.subset} (need at least 10, one per class)")
-    if recipe.train.whiten_bias_epochs is not None and recipe.train.whiten_bias_epochs < 0:
-        raise CifarkitError(f"bad value for train.whiten_bias_epochs: {recipe.train.whiten_bias_epochs} (must be >= 0)")
-    if any(epochs < 0 for epochs in recipe.train.group_train_epochs or ()):
-        raise CifarkitError(f"bad value for train.group_train_epochs: {list(recipe.train.group_train_epochs)} "
-                            "(epochs per conv group, each >= 0)")
-    if recipe.train.group_lr_anneal and not (recipe.train.group_train_epochs and recipe.schedule.name == "linear"
-                                             and recipe.schedule.warmup_epochs == 0):
-        raise CifarkitError("train.group_lr_anneal needs train.group_train_epochs and the linear schedule without "
-                            "warmup (schedule.name=linear, schedule.warmup_epochs=0); set them or drop it")
+    _check_freezing(recipe.train, recipe.schedule)
     augment = recipe.data.augment
     if augment.early_crop_epochs < 0:
         raise CifarkitError(f"bad value for data.augment.early_crop_epochs: {augment.early_crop_epochs} (must be >= 0)")
@@ -238,6 +239,23 @@ def _check_ranges(recipe: Recipe) -> None:
     if not 0.0 <= recipe.distill.weight <= 1.0:
         raise CifarkitError(f"bad value for distill.weight: {recipe.distill.weight} (must be in [0, 1])")
 
+
+def _check_freezing(train: TrainConfig, schedule: ScheduleConfig) -> None:
+    """The settings that freeze parts of FastNet early, and anneal their lr on the way."""
+    if train.whiten_bias_epochs is not None and train.whiten_bias_epochs < 0:
+        raise CifarkitError(f"bad value for train.whiten_bias_epochs: {train.whiten_bias_epochs} (must be >= 0)")
+    # Each lr that ends early follows the linear schedule over its own steps (optim._linear), to zero without warmup.
+    own_schedule = schedule.name == "linear" and schedule.warmup_epochs == 0
+    anneal = train.whiten_bias_anneal_epochs
+    if anneal is not None and not (0 < anneal <= (train.whiten_bias_epochs or 0) and own_schedule):
+        raise CifarkitError(f"bad value for train.whiten_bias_anneal_epochs: {anneal} (needs train.whiten_bias_epochs "
+                            "at least as long and the linear schedule without warmup; set them or drop it)")
+    if any(epochs < 0 for epochs in train.group_train_epochs or ()):
+        raise CifarkitError(f"bad value for train.group_train_epochs: {list(train.group_train_epochs)} "
+                            "(epochs per conv group, each >= 0)")
+    if train.group_lr_anneal and not (train.group_train_epochs and own_schedule):
+        raise CifarkitError("train.group_lr_anneal needs train.group_train_epochs and the linear schedule without "
+                            "warmup (schedule.name=linear, schedule.warmup_epochs=0); set them or drop it")
 
 def check_seed(seed: int, name: str) -> None:
     if not 0 <= seed <= MAX_SEED:

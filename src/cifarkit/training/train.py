@@ -38,7 +38,7 @@ from cifarkit.core.files import portable, write_json, write_text
 from cifarkit.data import cifar10
 from cifarkit.data.loader import TrainLoader, normalize
 from cifarkit.training import checkpoint, distributed, plots
-from cifarkit.training.config import Recipe, TrainConfig, recipe_from_dict, to_dict
+from cifarkit.training.config import Recipe, TrainConfig, recipe_from_dict, steps_in, to_dict
 from cifarkit.training.engine import (
     ClassificationLoss,
     DistillationLoss,
@@ -428,9 +428,14 @@ def _optimization(model: nn.Module, recipe: Recipe, loader: TrainLoader, device:
     """(optimizer, lr schedule, grad scaler) for a model, from the recipe."""
     optimizer = build_optimizer(model, recipe.optim)
     cfg = recipe.train
+    steps = {}  # parameters whose lr reaches the schedule's end early: id -> their steps
     if cfg.group_lr_anneal:  # the recipe's checks made sure that groups freeze
-        steps = {id(p): epochs * loader.steps_per_epoch for conv_group, epochs
-                 in zip(model.conv_groups, cfg.group_train_epochs) for p in conv_group.parameters()}
+        steps.update({id(p): epochs * loader.steps_per_epoch for conv_group, epochs
+                      in zip(model.conv_groups, cfg.group_train_epochs) for p in conv_group.parameters()})
+    # Checked too: the bias freezes no sooner, on a linear schedule. A selection proxy never trains its bias.
+    if cfg.whiten_bias_anneal_epochs is not None and hasattr(model, "whiten"):
+        steps[id(model.whiten.bias)] = steps_in(cfg.whiten_bias_anneal_epochs, loader.steps_per_epoch)
+    if steps:
         split_by_train_steps(optimizer, steps)
     scheduler = build_schedule(optimizer, recipe.schedule, cfg.total_steps(loader.steps_per_epoch),
                                loader.steps_per_epoch)
