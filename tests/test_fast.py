@@ -81,6 +81,7 @@ def test_lookahead_pulls_back_toward_the_slow_weights_and_ends_on_them():
 
 def test_triangular_schedule_and_vector_groups():
     recipe = load_recipe("fast", ["optim.name=sgd", "optim.lr=0.75", "schedule.warmup_epochs=2.3",
+                                  "train.whiten_bias_anneal_epochs=null",
                                   "schedule.warmup_start_factor=0.2", "schedule.final_factor=0.07"])
     model = models.create("fastnet")
     optimizer = build_optimizer(model, recipe.optim)

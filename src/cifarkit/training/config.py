@@ -246,16 +246,18 @@ def _check_freezing(train: TrainConfig, schedule: ScheduleConfig) -> None:
         raise CifarkitError(f"bad value for train.whiten_bias_epochs: {train.whiten_bias_epochs} (must be >= 0)")
     # Each lr that ends early follows the linear schedule over its own steps (optim._linear), to zero without warmup.
     own_schedule = schedule.name == "linear" and schedule.warmup_epochs == 0
-    anneal = train.whiten_bias_anneal_epochs
-    if anneal is not None and not (0 < anneal <= (train.whiten_bias_epochs or 0) and own_schedule):
-        raise CifarkitError(f"bad value for train.whiten_bias_anneal_epochs: {anneal} (needs train.whiten_bias_epochs "
-                            "at least as long and the linear schedule without warmup; set them or drop it)")
     if any(epochs < 0 for epochs in train.group_train_epochs or ()):
         raise CifarkitError(f"bad value for train.group_train_epochs: {list(train.group_train_epochs)} "
                             "(epochs per conv group, each >= 0)")
     if train.group_lr_anneal and not (train.group_train_epochs and own_schedule):
         raise CifarkitError("train.group_lr_anneal needs train.group_train_epochs and the linear schedule without "
                             "warmup (schedule.name=linear, schedule.warmup_epochs=0); set them or drop it")
+    anneal = train.whiten_bias_anneal_epochs
+    if anneal is not None and not (0 < anneal <= (train.whiten_bias_epochs or 0) and own_schedule):
+        raise CifarkitError(f"bad value for train.whiten_bias_anneal_epochs: {anneal} (needs train.whiten_bias_epochs "
+                            "at least as long and the linear schedule without warmup; set them, or "
+                            "train.whiten_bias_anneal_epochs=null)")
+
 
 def check_seed(seed: int, name: str) -> None:
     if not 0 <= seed <= MAX_SEED:
