@@ -15,7 +15,7 @@ from cifarkit.models.layers import Conv3x3
 from cifarkit.tools import profiling
 from cifarkit.tools.speedrun import difference_of_means, statistics_against
 from cifarkit.training import train
-from cifarkit.training.config import load_recipe
+from cifarkit.training.config import ScheduleConfig, load_recipe
 from cifarkit.training.engine import evaluate, tta_views
 from cifarkit.training.optim import Lookahead, build_optimizer, build_schedule, orthogonalized, split_by_train_steps
 from conftest import FLOORS, ROOT, load_script
@@ -99,6 +99,19 @@ def test_triangular_schedule_and_vector_groups():
     peak = max(range(1000), key=lambda i: lrs[i])
     assert lrs[0] == pytest.approx(0.2) and 225 <= peak <= 235 and lrs[peak] == pytest.approx(1.0, abs=0.01)
     assert lrs[-1] == pytest.approx(0.07, abs=0.01)
+
+
+def test_warmup_epochs_become_whole_steps_without_float_error():
+    # 0.07 x 100 is 7.000000000000001 in floating point: a bare ceil would warm up for 8 steps.
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    schedule = build_schedule(optimizer, ScheduleConfig(warmup_epochs=0.07, warmup_start_factor=0.1), total=20,
+                              steps_per_epoch=100)
+    lrs = []
+    for _ in range(9):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert lrs[:8] == pytest.approx([0.1 + 0.9 * t / 7 for t in range(8)]) and lrs[8] == 1.0
 
 
 def test_a_group_that_freezes_early_anneals_its_lr_over_its_own_steps():

@@ -4,15 +4,13 @@ Every schedule is stepped once per optimizer step, so warmup and decay are smoot
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.optim import lr_scheduler
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from cifarkit.core.device import cpu_has_bf16
-from cifarkit.training.config import OptimConfig, ScheduleConfig
+from cifarkit.training.config import OptimConfig, ScheduleConfig, steps_in
 
 
 def _param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
@@ -150,7 +148,7 @@ def split_by_train_steps(optimizer: torch.optim.Optimizer, train_steps: dict[int
 def build_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total: int,
                    steps_per_epoch: int) -> lr_scheduler.LRScheduler:
     """The lr schedule of a run of `total` optimizer steps."""
-    warmup = math.ceil(cfg.warmup_epochs * steps_per_epoch)
+    warmup = steps_in(cfg.warmup_epochs, steps_per_epoch)
     main = SCHEDULES[cfg.name](optimizer, cfg, max(total - warmup, 1), steps_per_epoch)
     if warmup == 0:
         return main
