@@ -56,6 +56,10 @@ def test_a_fraction_of_an_epoch_trains_its_steps_rounded_up(epochs, by_epoch):
                                    r"\| None\)"),
     ("train.tta_share=1.5", r"bad value for train.tta_share: 1.5 \(a share of the test images, from 0 to 1\)"),
     ("optim.name=lion", r"bad value for optim.name: 'lion' \(choose from sgd, adam, adamw, muon\)"),
+    ("optim.newton_schulz=[3.4, -4.7]", r"bad value for optim.newton_schulz: \[3.4, -4.7\] \(expected a list of 3 "
+                                        r"numbers\)"),
+    ("model.norm_momentum=0", r"bad value for model.norm_momentum: 0.0 \(in \(0, 1\], or null for the model's "
+                              r"own\)"),
     ("data.mean=[0.5]", r"bad value for data.mean"),
     ("train.flip=true", r"unknown key 'train.flip'"),
     ("data.augment=3", r"bad value for data.augment: expected a mapping"),
@@ -86,7 +90,7 @@ def test_cli_reports_bad_keys_on_one_line(capsys, cifar_home, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err == "cifarkit: error: unknown key 'optim.lrr'; valid keys here: optim.name, optim.lr, " \
                   "optim.momentum, optim.nesterov, optim.weight_decay, optim.betas, optim.vector_lr_scale, " \
-                  "optim.vector_weight_decay, optim.filter_lr, optim.filter_momentum"
+                  "optim.vector_weight_decay, optim.filter_lr, optim.filter_momentum, optim.newton_schulz"
     assert not (tmp_path / "r").exists()
 
 

@@ -15,7 +15,7 @@ from cifarkit.models.layers import Conv3x3
 from cifarkit.tools import profiling
 from cifarkit.tools.speedrun import difference_of_means, statistics_against
 from cifarkit.training import train
-from cifarkit.training.config import ScheduleConfig, load_recipe
+from cifarkit.training.config import OptimConfig, ScheduleConfig, load_recipe
 from cifarkit.training.engine import evaluate, tta_views
 from cifarkit.training.optim import Lookahead, build_optimizer, build_schedule, orthogonalized, split_by_train_steps
 from conftest import FLOORS, ROOT, load_script
@@ -346,8 +346,9 @@ def test_newton_schulz_brings_every_singular_value_near_one():
     given = torch.logspace(3, -3, 64)
     update = u @ torch.diag(given) @ v.T
     relative = given / given.norm()  # the iteration starts from the update over its Frobenius norm
+    jordans = OptimConfig().newton_schulz
     for matrix in (update, update.T):
-        singular = torch.linalg.svdvals(orthogonalized(matrix).float())
+        singular = torch.linalg.svdvals(orthogonalized(matrix, jordans).float())
         # Three quintic iterations put every direction above 1.3% of the norm into Muon's band, about [0.5, 1.5], and
         # multiply the fainter ones by 3.4445^3 = 40.9 (the slope at zero, cubed), down to where bf16's rounding
         # (about 0.01 here) takes over.
@@ -355,7 +356,7 @@ def test_newton_schulz_brings_every_singular_value_near_one():
         assert singular[band].min() > 0.5 and singular.max() < 1.5
         assert faint.sum() >= 5
         assert torch.allclose(singular[faint] / relative[faint], torch.tensor(40.9), rtol=0.15)
-        assert orthogonalized(matrix).shape == matrix.shape
+        assert orthogonalized(matrix, jordans).shape == matrix.shape
 
 
 def test_muon_orthogonalizes_filters_and_steps_the_rest_as_torch_sgd():
@@ -393,6 +394,42 @@ def test_muon_orthogonalizes_filters_and_steps_the_rest_as_torch_sgd():
         # values are at most about 1.5: its Frobenius norm is at most 1.5 sqrt(rank).
         assert abs(p.norm().item() - len(p) ** 0.5) <= filters["lr"] * 1.5 * min(p[0].numel(), len(p)) ** 0.5
         assert not torch.equal(p, before)
+
+
+def test_the_recipes_newton_schulz_coefficients_reach_muons_step():
+    record = (3.4576, -4.7391, 2.0843)  # the 2025 record's, in place of Jordan's
+    torch.manual_seed(0)
+    model = models.create("fastnet")
+    optimizer = build_optimizer(model, load_recipe("fast", [f"optim.newton_schulz={list(record)}"]).optim)
+    filters = optimizer.param_groups[0]
+    assert filters["orthogonalize"] and filters["newton_schulz"] == record
+    weights = filters["params"][-1]
+    before = weights.detach().clone()
+    model(torch.randn(8, 3, 32, 32)).square().mean().backward()
+    grad = weights.grad.reshape(len(weights), -1).clone()
+    optimizer.step()
+    renormalized = before * len(before) ** 0.5 / before.norm()
+    # A first Nesterov step: the buffer is the gradient, so the update is (1 + momentum) x it.
+    update = grad.add(grad, alpha=filters["momentum"])
+
+    def stepped(coefficients):
+        orthogonal = orthogonalized(update, coefficients, optimizer.orthogonalize_dtype)
+        return renormalized - filters["lr"] * orthogonal.view_as(before)
+    assert torch.allclose(weights.detach(), stepped(record), atol=1e-6)
+    assert not torch.allclose(weights.detach(), stepped(OptimConfig().newton_schulz), atol=1e-4)
+
+
+def test_muon_resumes_a_checkpoint_from_before_the_coefficients_were_a_setting():
+    model = models.create("fastnet")
+    optimizer = build_optimizer(model, load_recipe("fast").optim)
+    saved = optimizer.state_dict()
+    for group in saved["param_groups"]:
+        del group["newton_schulz"]
+    resumed = build_optimizer(model, load_recipe("fast", ["optim.newton_schulz=[3.4576, -4.7391, 2.0843]"]).optim)
+    resumed.load_state_dict(saved)
+    assert resumed.param_groups[0]["newton_schulz"] == OptimConfig().newton_schulz
+    model(torch.randn(4, 3, 32, 32)).square().mean().backward()
+    resumed.step()
 
 
 def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, capsys, monkeypatch):

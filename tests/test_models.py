@@ -56,6 +56,15 @@ def test_resnet18_keeps_full_resolution_in_the_stem():
 
 
 @pytest.mark.unit
+def test_norm_momentum_replaces_each_models_own_in_every_batchnorm():
+    def momenta(model):
+        return {m.momentum for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    assert momenta(models.create("fastnet")) == {0.4} and momenta(models.create("resnet18")) == {0.1}
+    assert momenta(models.create("fastnet", norm_momentum=0.4434)) == {0.4434}
+    assert momenta(models.create("fastnet_deep", norm_momentum=0.3)) == {0.3}
+
+
+@pytest.mark.unit
 def test_unknown_model_lists_the_choices():
     with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, fastnet_deep, "
                                              "fastnet_proxy, fastnet_wide, resnet18, simplecnn"):

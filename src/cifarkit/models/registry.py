@@ -21,10 +21,16 @@ def names() -> list[str]:
     return sorted(_MODELS)
 
 
-def create(name: str) -> nn.Module:
+def create(name: str, norm_momentum: float | None = None) -> nn.Module:
+    """The model registered as `name`; with `norm_momentum`, its BatchNorm layers keep their running statistics
+    with that momentum instead of the model's own."""
     if name not in _MODELS:
         raise CifarkitError(f"unknown model {name!r}; choose from {', '.join(names())}")
-    return _MODELS[name]()
+    model = _MODELS[name]()
+    if norm_momentum is not None:
+        for norm in (m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)):
+            norm.momentum = norm_momentum
+    return model
 
 
 def count_params(model: nn.Module) -> int:

@@ -28,8 +28,9 @@ def _muon_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     every step, which bounds them as decay would. The head and the vectors keep their SGD groups."""
     filters = [p for p in model.parameters() if p.requires_grad and p.ndim == 4]
     groups = [{**group, "params": [p for p in group["params"] if p.ndim != 4]} for group in _param_groups(model, cfg)]
-    return [{"params": filters, "lr": cfg.filter_lr, "momentum": cfg.filter_momentum, "weight_decay": 0.0,
-             "orthogonalize": True}] + [group for group in groups if group["params"]]
+    orthogonalized_group = {"params": filters, "lr": cfg.filter_lr, "momentum": cfg.filter_momentum,
+                            "weight_decay": 0.0, "orthogonalize": True, "newton_schulz": cfg.newton_schulz}
+    return [orthogonalized_group] + [group for group in groups if group["params"]]
 
 
 OPTIMIZERS = {
@@ -45,9 +46,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     return OPTIMIZERS[cfg.name](model, cfg)
 
 
-# The quintic Newton-Schulz iteration of Muon (Jordan et al. 2024, "Muon: an optimizer for hidden layers"): its
-# coefficients maximize the slope at zero, so 3 iterations bring every singular value of the update near 1.
-NEWTON_SCHULZ = (3.4445, -4.7750, 2.0315)
+# Muon's quintic Newton-Schulz iteration (Jordan et al. 2024, "Muon: an optimizer for hidden layers") runs 3 steps;
+# its coefficients are the recipe's (optim.newton_schulz).
 NEWTON_SCHULZ_STEPS = 3
 
 
@@ -60,9 +60,11 @@ def newton_schulz_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else torch.float32
 
 
-def orthogonalized(update: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """The update (rows: output channels) with its singular values pushed to about 1, computed in `dtype`."""
-    a, b, c = NEWTON_SCHULZ
+def orthogonalized(update: torch.Tensor, coefficients: tuple[float, float, float],
+                   dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The update (rows: output channels) with its singular values pushed to about 1 by the Newton-Schulz iteration
+    x <- a x + (b G + c G^2) x, G = x x^T, with `coefficients` (a, b, c), computed in `dtype`."""
+    a, b, c = coefficients
     x = update.to(dtype)
     x = x / (x.norm() + 1e-7)  # the largest singular value at most 1, where the iteration converges
     wide = x.size(0) <= x.size(1)
@@ -85,9 +87,14 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, groups: list[dict], lr: float, momentum: float, nesterov: bool = True):
         super().__init__(groups, {"lr": lr, "momentum": momentum, "nesterov": nesterov, "weight_decay": 0.0,
-                                  "orthogonalize": False})
+                                  "orthogonalize": False, "newton_schulz": OptimConfig.newton_schulz})
         first = next(p for group in self.param_groups for p in group["params"])
         self.orthogonalize_dtype = newton_schulz_dtype(first.device)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # a checkpoint from before the coefficients were a setting ran Jordan's
+            group.setdefault("newton_schulz", OptimConfig.newton_schulz)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -106,7 +113,8 @@ class Muon(torch.optim.Optimizer):
                 update = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
                 if group["orthogonalize"]:
                     p.mul_(len(p) ** 0.5 / p.norm())
-                    update = orthogonalized(update.reshape(len(update), -1), self.orthogonalize_dtype).view_as(p)
+                    update = orthogonalized(update.reshape(len(update), -1), group["newton_schulz"],
+                                            self.orthogonalize_dtype).view_as(p)
                 p.add_(update, alpha=-group["lr"])
 
 

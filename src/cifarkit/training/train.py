@@ -392,7 +392,7 @@ def optimized_parameters(optimizer: torch.optim.Optimizer) -> set[torch.Tensor]:
 def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, precision, memory_format,
                  group: distributed.Group) -> TrainState:
     cfg = recipe.train
-    model = models.create(recipe.model.name).to(device)
+    model = models.create(recipe.model.name, recipe.model.norm_momentum).to(device)
     if cfg.whiten_bias_epochs is not None and not isinstance(getattr(model, "whiten", None), nn.Conv2d):
         raise CifarkitError(f"train.whiten_bias_epochs is set, but model {recipe.model.name} has no whitening layer; "
                             "remove the setting (or use fastnet)")
