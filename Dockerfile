@@ -5,7 +5,7 @@
 #   docker run --rm -v "$PWD/examples/images:/images:ro" cifarkit cifarkit predict /images/cat.png --topk 3
 #
 # Without a registry or PyPI (an air-gapped build): fill wheelhouse/ and build from a local base image with
-# `--build-arg BASE=... --build-arg PIP_NO_INDEX=1`; `python scripts/container_check.py` does all of it with podman.
+# `--build-arg BASE=... --build-arg PIP_NO_INDEX=1`; `python lab/container_check.py` does all of it with podman.
 # The CUDA variant is Dockerfile.cuda.
 
 ARG BASE=python:3.11-slim-bookworm

@@ -21,15 +21,15 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 
 ROOT = Path(__file__).resolve().parent.parent  # the project's checkout
 FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
-# Accuracy floors, each measured over five seeds by `python scripts/measure_test_floors.py`, with the settings the
+# Accuracy floors, each measured over five seeds by `python lab/measure_test_floors.py`, with the settings the
 # tests must use to meet them.
 FLOORS = json.loads((ROOT / "results" / "test-floors.json").read_text())
-# What each test file cost in a measured run of the suite (`python scripts/measure_test_durations.py`).
+# What each test file cost in a measured run of the suite (`python lab/measure_test_durations.py`).
 DURATIONS = ROOT / "results" / "test-durations.json"
 
 
 def load_script(path: Path):
-    """A script of scripts/ as a module, to test its functions."""
+    """A script of lab/ as a module, to test its functions."""
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""scripts/bench_serve.py for real, but tiny: three `cifarkit serve` processes on loopback, a few hundred requests
+"""lab/bench_serve.py for real, but tiny: three `cifarkit serve` processes on loopback, a few hundred requests
 each from the script's own client, a 3-second soak; the JSON it writes, its table, and the README block rendered
 from that JSON. And the client alone, against a stub server that drops connections."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = ROOT / "scripts" / "bench_serve.py"
+SCRIPT = ROOT / "lab" / "bench_serve.py"
 REQUESTS = 200
 LEVELS = (1, 8)
 
@@ -122,7 +122,7 @@ def test_summary_table_and_portability(bench):
 
 def test_readme_block(bench, monkeypatch):
     _, _, out = bench
-    render = load_script(ROOT / "scripts" / "render_readme.py")
+    render = load_script(ROOT / "lab" / "render_readme.py")
     monkeypatch.setattr(render, "RESULTS", out.parent / "missing")
     assert render.serve_block().startswith("Not measured yet")
     monkeypatch.setattr(render, "RESULTS", out.parent)

@@ -1,4 +1,4 @@
-"""scripts/carry_data.py: CIFAR-10 packed into parts for a lent GPU comes back byte for byte, and a missing or damaged
+"""lab/carry_data.py: CIFAR-10 packed into parts for a lent GPU comes back byte for byte, and a missing or damaged
 part is refused rather than trained on."""
 import shutil
 
@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 
 from conftest import FIXTURE, ROOT, load_script
 
-carry = load_script(ROOT / "scripts" / "carry_data.py")
+carry = load_script(ROOT / "lab" / "carry_data.py")
 
 
 def test_packed_parts_rebuild_the_same_cache(cifar_home, tmp_path, monkeypatch):

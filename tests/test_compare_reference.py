@@ -1,4 +1,4 @@
-"""scripts/compare_reference.py's parts that need no reference: the order of the rounds, the ratios' interval, the
+"""lab/compare_reference.py's parts that need no reference: the order of the rounds, the ratios' interval, the
 check of the user's airbench94_muon.py, and the README block rendered from a JSON the script wrote (a real run on
 2,000 images, tests/fixtures/compare-reference-subset.json). The references themselves are not run here: airbench94_muon
 is not in the repository, and a full comparison takes hours on this CPU."""
@@ -13,8 +13,8 @@ from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.unit
 
-compare = load_script(ROOT / "scripts" / "compare_reference.py")
-render = load_script(ROOT / "scripts" / "render_readme.py")
+compare = load_script(ROOT / "lab" / "compare_reference.py")
+render = load_script(ROOT / "lab" / "render_readme.py")
 
 
 def test_rounds_alternate_abba():

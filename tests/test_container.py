@@ -1,4 +1,4 @@
-"""The Dockerfiles' contracts, checked without a container engine (CI has none; scripts/container_check.py builds and
+"""The Dockerfiles' contracts, checked without a container engine (CI has none; lab/container_check.py builds and
 runs the CPU image where podman is): multi-stage, a non-root user, a healthcheck that really tells ready from not, a
 default command the CLI accepts, a build context that holds what the builds copy, and torch pins the package allows."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The README stays a newcomer's page and the docs hold the rest: the README's length, links that lead somewhere,
-and every generated block in exactly one page, the one scripts/render_readme.py rewrites."""
+and every generated block in exactly one page, the one lab/render_readme.py rewrites."""
 import json
 import re
 
@@ -10,7 +10,7 @@ from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.unit
 
-render = load_script(ROOT / "scripts" / "render_readme.py")
+render = load_script(ROOT / "lab" / "render_readme.py")
 PAGES = render.pages()
 README_MAX_LINES = 250  # issue 32: what it is, the quick start, one table, the commands, the links
 
@@ -49,7 +49,7 @@ def test_serving_defaults_are_compared_with_backends_of_the_same_processor(tmp_p
     """Zen 2 and Zen 3 are both of the AVX2 kind: a faster backend on one must not set the other's 'best here'."""
     def bench(name, cpu_model, backend, req_per_s):
         goals = {"req_per_s": req_per_s, "p99_ms": 200.0, "p99_met": False, "ratio": 1.5, "ratio_met": False}
-        result = {"command": f"python scripts/bench_serve.py --backend {backend}",
+        result = {"command": f"python lab/bench_serve.py --backend {backend}",
                   "environment": {"processor": "AMD EPYC", "cpu_model": cpu_model, "cpu_features": ["avx2"]},
                   "model_alone": {"batch_1_images_per_s": 100.0, "batch_32_images_per_s": 200.0,
                                   "batch_64_images_per_s": 150.0},
@@ -78,7 +78,7 @@ def test_every_validation_sweep_is_shown_oldest_first_with_its_table():
 
 
 def test_the_bf16_winograd_table_times_each_layer_as_training_takes_it(tmp_path, monkeypatch):
-    measure = load_script(ROOT / "scripts" / "measure_winograd.py")
+    measure = load_script(ROOT / "lab" / "measure_winograd.py")
     out = tmp_path / "winograd-layers-bf16-test.json"
     shipped = dict(measure.layers.KERNEL_PLANS)
     measure.main(["--model", "fastnet_proxy", "--batch-size", "2", "--tile-rows", "4", "--rounds", "1",
@@ -108,7 +108,7 @@ def test_the_bf16_winograd_table_times_each_layer_as_training_takes_it(tmp_path,
 
 
 def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch):
-    measure = load_script(ROOT / "scripts" / "measure_winograd.py")
+    measure = load_script(ROOT / "lab" / "measure_winograd.py")
     out = tmp_path / "winograd-layers-test.json"
     chosen_rows = dict(measure.winograd.TILE_ROWS)
     measure.main(["--model", "fastnet_proxy", "--batch-size", "2", "--tile-rows", "4", "--rounds", "1",
@@ -195,7 +195,7 @@ def test_an_ab_row_names_the_batch_its_runs_timed(tmp_path, monkeypatch, recorde
             run["batch_size"] = recorded
     ab = {"cpu_kind": "avx2", "environment": {"processor": "AMD EPYC"}, "before": "aaaaaaa", "after": "bbbbbbb",
           "runs": {"before": runs, "after": runs}, "speedup_mean": 1.0, "speedup_ci95_half_width": 0.1,
-          "command": "python scripts/ab_profile.py --before aaaaaaa"}
+          "command": "python lab/ab_profile.py --before aaaaaaa"}
     (tmp_path / "profile-ab-fast-avx2.json").write_text(json.dumps(ab))
     monkeypatch.setattr(render, "RESULTS", tmp_path)
     rows = [line for line in render.cpu_kind_block().splitlines() if "profile-ab-fast-avx2.json" in line]

@@ -323,7 +323,7 @@ def test_speedrun_command(cifar_home, tmp_path, capsys):
     typed = ("cifarkit speedrun --recipe simplecnn --runs 2 --target 0.1 --set train.epochs=2 --set data.subset=500 "
              "--out speed --json s.json")
     assert report["command"] == json.loads((out / "speedrun.json").read_text())["command"] == typed
-    render = load_script(ROOT / "scripts" / "render_readme.py")
+    render = load_script(ROOT / "lab" / "render_readme.py")
     assert render._speedrun_command(report) == f"`{typed}`"
 
 
@@ -480,7 +480,7 @@ def test_profile_command_splits_a_step_into_its_parts(cifar_home, tmp_path, caps
     side = augment.early_crop if augment.early_crop_epochs else 32
     assert result["image_size"] == [side, side] and f"of {side}x{side} images" in printed
     # The README's per-CPU-kind table shows the share of the peak, with the command that measured it.
-    render = load_script(ROOT / "scripts" / "render_readme.py")
+    render = load_script(ROOT / "lab" / "render_readme.py")
     monkeypatch.setattr(render, "RESULTS", tmp_path)
     row = next(line for line in render.cpu_kind_block().splitlines() if "step's convolutions" in line)
     assert f"TFLOP/s of the products computed, {result['convolution_computed_flop_per_s'] / peak['flop_per_s']:.2f}x " \

@@ -70,5 +70,5 @@ def test_gate_shipped_release_scores_its_recorded_accuracy(version, gate_data):
         recorded = classifier.info["inference"].get("test_acc_by_backend", {}).get(backend, classifier.info["test_acc"])
         assert accuracy >= recorded - REAL_DATA_TOLERANCE
     else:
-        # measured through each backend on the sample (scripts/measure_test_floors.py), minus one point
+        # measured through each backend on the sample (lab/measure_test_floors.py), minus one point
         assert accuracy >= FLOORS["releases"][version]["backends"][backend]["floor"]

@@ -1,4 +1,4 @@
-"""scripts/validation_runs.py: recipe variants on a validation split, read seed by seed against the first, from
+"""lab/validation_runs.py: recipe variants on a validation split, read seed by seed against the first, from
 real training runs; finished runs are read again rather than retrained, and a folder of another recipe is refused."""
 import json
 
@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT, load_script
 
-validation = load_script(ROOT / "scripts" / "validation_runs.py")
+validation = load_script(ROOT / "lab" / "validation_runs.py")
 
 
 def test_variants_are_read_against_the_first_on_each_seed(cifar_home, tmp_path, capsys, monkeypatch):

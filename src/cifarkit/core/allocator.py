@@ -6,7 +6,7 @@ A training step allocates and frees large tensors all the time. glibc hands the 
 takes them again through page faults: a quarter of a CPU's time can go to the kernel. Its tunables do not fix it
 for PyTorch: with mmap off, the heap grows at every step instead, because torch's aligned allocations do not fit
 in the blocks it freed. tcmalloc and mimalloc keep freed blocks and hand them out again. The allocator that ran is
-recorded (config.yaml's run.allocator, `cifarkit env`); scripts/measure_allocators.py compares them
+recorded (config.yaml's run.allocator, `cifarkit env`); lab/measure_allocators.py compares them
 (results/allocators-*.json). `CIFARKIT_ALLOCATOR=system` keeps the system's allocator; `=mimalloc` takes the
 wheel's even where tcmalloc is installed.
 """
@@ -58,7 +58,7 @@ def in_use() -> str:
 def preload_environment(environ: dict[str, str]) -> dict[str, str] | None:
     """`environ` with the allocator of training commands preloaded: tcmalloc where it is installed, else mimalloc
     from its wheel; None where CIFARKIT_ALLOCATOR is "system", off Linux, or where neither is found. Also used by
-    scripts that start other programs (scripts/compare_reference.py), so that both sides run on the same one."""
+    scripts that start other programs (cifarkit reference), so that both sides run on the same one."""
     setting = environ.get(ENV, "").lower()
     if setting == "system" or not sys.platform.startswith("linux"):
         return None

@@ -229,7 +229,7 @@ def device_report(devices: list[str], model_names: list[str], modes: list[str], 
 
 
 def device_table(result: dict) -> str:
-    """The device report as a markdown table (also what scripts/render_readme.py puts in the README)."""
+    """The device report as a markdown table (also what lab/render_readme.py puts in the README)."""
     lines = ["| device | model | mode | train img/s | epoch | vs CPU fp32 | peak memory | inference img/s |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:

@@ -1,7 +1,7 @@
 """Time a short `fast` training under each memory allocator, in ABBA order, and write results/allocators-KIND.json.
 
-    python scripts/measure_allocators.py                     # glibc against mimalloc (and tcmalloc where installed)
-    python scripts/measure_allocators.py --subset 10000 --rounds 2
+    python lab/measure_allocators.py                     # glibc against mimalloc (and tcmalloc where installed)
+    python lab/measure_allocators.py --subset 10000 --rounds 2
 
 Each run is a real `cifarkit train --recipe fast` process (one epoch on a subset of the training images, then the
 evaluation of the 10,000 test images) with CIFARKIT_ALLOCATOR set; its CPU time in user and kernel mode and its
@@ -76,7 +76,7 @@ def main() -> None:
     kind = backends.cpu_kind()
     out = (args.out or ROOT / "results" / f"allocators-{kind}.json").resolve()
     write_json(out, {
-        "command": "python scripts/measure_allocators.py" + (f" --subset {args.subset}" if args.subset != 6000 else "")
+        "command": "python lab/measure_allocators.py" + (f" --subset {args.subset}" if args.subset != 6000 else "")
                    + (f" --rounds {args.rounds}" if args.rounds != 1 else "")
                    + (f" --allocators {' '.join(args.allocators)}" if args.allocators else "")
                    + (f" --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out.name}" if args.out else ""),

@@ -1,8 +1,8 @@
 """Measure the accuracy floors that the tests assert, and write them to results/test-floors.json.
 
-    python scripts/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz
-    python scripts/measure_test_floors.py --real-data PATH --only fast-2-epochs-2-ranks-sample   # one check again
-    python scripts/measure_test_floors.py --real-data PATH --only releases   # the shipped releases' floors again
+    python lab/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz
+    python lab/measure_test_floors.py --real-data PATH --only fast-2-epochs-2-ranks-sample   # one check again
+    python lab/measure_test_floors.py --real-data PATH --only releases   # the shipped releases' floors again
 
 A test that says "this training learns" needs a floor, and a floor must be measured, not guessed. Each check below
 is run here exactly as its test runs it (same recipe, overrides and data), over several seeds; the floor is the
@@ -139,7 +139,7 @@ def main() -> None:
         else:
             releases = kept["releases"]
         write_json(TARGET, {
-            "command": "python scripts/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz",
+            "command": "python lab/measure_test_floors.py --real-data PATH_TO/cifar-10-python.tar.gz",
             **(kept if args.only else measured),
             "training": {name: checks[name] for name in TRAINING_CHECKS if name in checks},
             "releases": releases,

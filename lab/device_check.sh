@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of this project in one run, for a machine with CUDA; sized for one 15-minute lease of a GPU.
 #
-#     bash scripts/device_check.sh [OUT_DIR]        # default OUT_DIR: device-check
+#     bash lab/device_check.sh [OUT_DIR]        # default OUT_DIR: device-check
 #
 # 1. `cifarkit bench --devices cpu cuda`: fastnet and the GPU-vs-CPU study's cifar10net, in fp32 and in amp (fp16 +
 #    GradScaler on CUDA), training and inference img/s, epoch time, peak memory, speed-ups over this machine's CPU in
@@ -11,7 +11,7 @@
 #    run on CUDA, 3 seeds, and a timed slice of resnet18-sgd (2 of its 200 epochs) -> OUT_DIR/speedrun-fast-cuda.json,
 #    OUT_DIR/resnet18-sgd-2-epochs.json. Without it they are skipped, and the script says so.
 # 3. Last, with the data and a copy of airbench94_muon.py in the project root (MUON overrides; how to get it: see
-#    scripts/compare_reference.py): the reference as its author runs it, compiled with max-autotune, whose warm-up
+#    lab/compare_reference.py): the reference as its author runs it, compiled with max-autotune, whose warm-up
 #    alone takes minutes -> OUT_DIR/airbench94-muon-cuda.json.
 # DEVICE_CHECK_SKIP_REPORT=1 skips step 1, for a second call in the same lease that brings the data.
 # A step that fails is reported and the next one runs: one lease of a GPU is too short to lose the rest to it.
@@ -58,9 +58,9 @@ step "2 epochs of resnet18-sgd on CUDA" cifarkit train --recipe resnet18-sgd --e
 cp "$runs/resnet18-sgd/summary.json" "$out/resnet18-sgd-2-epochs.json" 2>/dev/null
 muon=${MUON:-airbench94_muon.py}
 if [[ -f "$muon" ]]; then
-    step "airbench94_muon on CUDA" "$python" scripts/reference_cuda.py --muon "$muon" --runs 3 \
+    step "airbench94_muon on CUDA" "$python" lab/reference_cuda.py --muon "$muon" --runs 3 \
         --json "$out/airbench94-muon-cuda.json"
 else
-    echo "device_check: skipped airbench94_muon: no $muon (see scripts/compare_reference.py for how to get it)"
+    echo "device_check: skipped airbench94_muon: no $muon (see lab/compare_reference.py for how to get it)"
 fi
 summary

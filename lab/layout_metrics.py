@@ -1,6 +1,6 @@
 """How the code is laid out, measured: the import graph, file and function sizes, the prose share, long lines.
 
-    python scripts/layout_metrics.py --json results/layout-after.json [--unit-tests]
+    python lab/layout_metrics.py --json results/layout-after.json [--unit-tests]
 
 Issue 32 asks for these figures before and after the move into layered subpackages; this script takes them from
 the working tree, so the two JSON files can be compared field by field. `--unit-tests` also times `pytest -m unit`.

@@ -1,7 +1,7 @@
 """Build the images from `Dockerfile` and `Dockerfile.cuda`, start them, and get predictions and a finished training
 from them: the check that the containers work.
 
-    python scripts/container_check.py --json results/container-check.json
+    python lab/container_check.py --json results/container-check.json
 
 It uses podman (Debian: `apt-get install podman runc debootstrap`), and needs no registry and no network inside
 the builds:
@@ -298,7 +298,7 @@ def main() -> int:
         except (CheckFailed, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-    result["command"] = "python scripts/container_check.py" + (" --no-cuda" if args.no_cuda else "")
+    result["command"] = "python lab/container_check.py" + (" --no-cuda" if args.no_cuda else "")
     print("\n".join(summary_lines(result)))
     if args.json:
         from cifarkit.core.files import write_json

@@ -1,7 +1,7 @@
 """Run the test suite as CI runs it and write what each test file cost to results/test-durations.json.
 
-    python scripts/measure_test_durations.py                  # the whole suite, pyproject's pytest settings
-    python scripts/measure_test_durations.py -- -k distributed   # anything after -- goes to pytest
+    python lab/measure_test_durations.py                  # the whole suite, pyproject's pytest settings
+    python lab/measure_test_durations.py -- -k distributed   # anything after -- goes to pytest
 
 It records the suite's wall time, the seconds each test file took (setup, call and teardown of its tests, from
 pytest's JUnit report), the 15 slowest tests and the CPU kind. tests/conftest.py hands the files to the xdist
@@ -58,7 +58,7 @@ def main() -> None:
     result = {
         "what": "seconds per test file (setup + call + teardown of its tests), from pytest's JUnit report; "
                 "tests/conftest.py orders the files for the xdist workers by them",
-        "command": " ".join(["python scripts/measure_test_durations.py", *(["--", *args.pytest_args]
+        "command": " ".join(["python lab/measure_test_durations.py", *(["--", *args.pytest_args]
                                                                           if args.pytest_args else [])]),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "cpu_kind": backends.cpu_kind(),

@@ -1,7 +1,7 @@
 """Carry the real CIFAR-10 to a lent GPU machine that takes at most 64 MiB per call, and rebuild it there exactly.
 
-    python scripts/carry_data.py pack .carry              # here: .carry/part1, .carry/part2 (about 51 MB each)
-    python scripts/carry_data.py unpack .carry            # there, with every part in place: cifarkit's cache
+    python lab/carry_data.py pack .carry              # here: .carry/part1, .carry/part2 (about 51 MB each)
+    python lab/carry_data.py unpack .carry            # there, with every part in place: cifarkit's cache
 
 The archive (170 MB) and cifarkit's cache (184 MB) are too big for one call, and they hardly compress. Lossless WebP
 of the images, laid out as mosaics of 5,000 (100 a row), takes 56% of their bytes: two calls. `unpack` rebuilds the
@@ -87,7 +87,7 @@ def unpack(folder: Path) -> Path:
     if sha != recorded["sha256"]:
         sys.exit(f"unpack: the images in {folder} hash to {sha}, not the packed {recorded['sha256']}: a part is "
                  f"missing or damaged; carry every part again")
-    return cifar10.save_cache(tensors, sha, f"{recorded['source']}, carried by scripts/carry_data.py")
+    return cifar10.save_cache(tensors, sha, f"{recorded['source']}, carried by lab/carry_data.py")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """Why the server runs traced models: time a forward pass alone and next to a busy Python thread, eager and traced.
 
-    python scripts/measure_gil_stall.py            # prints a table, writes results/gil-stall.json
+    python lab/measure_gil_stall.py            # prints a table, writes results/gil-stall.json
 
 A server's event loop is a Python thread that is busy under load. Eager mode takes the GIL back after every layer
 and waits for it while another thread holds it; a traced TorchScript graph runs its layers in C++ without it.
@@ -71,7 +71,7 @@ def main() -> int:
     for row in rows:
         print(f"| {row['mode']} ({row['backend']}) | {row['alone_ms']:.1f} ms | "
               f"{row['next_to_busy_thread_ms']:.1f} ms |")
-    write_json(args.out, {"command": "python scripts/measure_gil_stall.py", "model": args.model, "batch_size": 32,
+    write_json(args.out, {"command": "python lab/measure_gil_stall.py", "model": args.model, "batch_size": 32,
                           "threads": 1, "passes": args.passes, "environment": device.report(torch.device("cpu")),
                           "rows": rows})
     print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")

@@ -1,6 +1,6 @@
 """Rewrite the generated blocks of README.md and docs/*.md from the registry and the measurement files in results/.
 
-    python scripts/render_readme.py
+    python lab/render_readme.py
 
 Each block sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->`, in exactly one of those pages; nothing else
 in them is touched. The numbers come only from files that `cifarkit` commands wrote, so the pages cannot drift from
@@ -28,7 +28,7 @@ from cifarkit.tools.speedrun import describe_difference, difference_of_means
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
-# scripts/ab_profile.py records the batch since 2026-12-06; every A/B file written before timed `fast` at batch 2,000,
+# lab/ab_profile.py records the batch since 2026-12-06; every A/B file written before timed `fast` at batch 2,000,
 # its batch until 5276c1b (`git show COMMIT:src/cifarkit/training/recipes/fast.yaml` at each file's "after").
 AB_BATCH_BEFORE_RECORDED = 2000
 
@@ -257,7 +257,7 @@ def gpu_block() -> str:
                      f"{_precision(report)}, not compiled | {100 * acc['mean']:.2f}% mean test accuracy "
                      f"(n = {acc['n']}), {wall['mean']:.1f} s mean wall time; training {training} s by run | "
                      f"{_speedrun_command(report)} (`results/{path.name}`) |")
-    return "\n".join(lines) if len(lines) > 2 else "No GPU measured yet: `bash scripts/device_check.sh` on one."
+    return "\n".join(lines) if len(lines) > 2 else "No GPU measured yet: `bash lab/device_check.sh` on one."
 
 
 def processor_of(environment: dict, *details: str) -> str:
@@ -328,7 +328,7 @@ def _measured(name: str) -> dict | None:
 
 
 def _not_measured(name: str, command: str) -> str:
-    return f"Not measured yet: `{command}` writes `results/{name}`, and `scripts/render_readme.py` renders it here."
+    return f"Not measured yet: `{command}` writes `results/{name}`, and `lab/render_readme.py` renders it here."
 
 
 def serve_options(bench: dict) -> str:
@@ -356,7 +356,7 @@ def serving_goals_block() -> str:
                      "backend": f"{backend}, `{options}`" if options else backend, "goals": goals,
                      "constants": constants, "best": best, "gain": best / alone["batch_1_images_per_s"]})
     if not rows:
-        return _not_measured("serve-bench*.json", "python scripts/bench_serve.py")
+        return _not_measured("serve-bench*.json", "python lab/bench_serve.py")
     best_by_machine = {}  # a kind's processors differ (Zen 2 and Zen 3 are both AVX2): compare on one only
     for row in rows:
         machine = row["kind"], row["processor"]
@@ -380,10 +380,10 @@ def serving_goals_block() -> str:
 
 
 def serve_block() -> str:
-    """results/serve-bench.json, written by scripts/bench_serve.py: batched against unbatched per concurrency."""
+    """results/serve-bench.json, written by lab/bench_serve.py: batched against unbatched per concurrency."""
     bench = _measured("serve-bench.json")
     if bench is None:
-        return _not_measured("serve-bench.json", "python scripts/bench_serve.py")
+        return _not_measured("serve-bench.json", "python lab/bench_serve.py")
     env, servers, summary = bench["environment"], bench["servers"], bench["summary"]
     batching = servers["batched"]["batching"]
     unbatched = {level["concurrency"]: level for level in servers["unbatched"]["levels"]}
@@ -465,7 +465,7 @@ def scaling_block() -> str:
 
 def devices_block() -> str:
     """results/bench-devices.json, written by `cifarkit bench --devices cpu cuda`: the CPU rows measured on this
-    project's machine, the CUDA rows on a GPU when one was lent (scripts/device_check.sh)."""
+    project's machine, the CUDA rows on a GPU when one was lent (lab/device_check.sh)."""
     result = json.loads((RESULTS / "bench-devices.json").read_text())
     env = result["environment"]
     gpus = ", ".join(g["name"] for g in env["gpus"]) or "no GPU"
@@ -478,7 +478,7 @@ def devices_block() -> str:
 
 
 def reference_block() -> str:
-    """results/compare-reference*.json, written by scripts/compare_reference.py: the published airbench speedruns next
+    """results/compare-reference*.json, written by lab/compare_reference.py: the published airbench speedruns next
     to `fast`, timed on one machine in alternating rounds; a file per machine measured."""
     blocks = []
     for path in sorted(RESULTS.glob("compare-reference*.json")):
@@ -587,11 +587,11 @@ def _airbench94_only(result: dict) -> str:
 
 
 def containers_block() -> str:
-    """results/container-check.json, written by scripts/container_check.py: both images built offline and run."""
+    """results/container-check.json, written by lab/container_check.py: both images built offline and run."""
     result = _measured("container-check.json")
     if result is None:
         return _not_measured("container-check.json",
-                             "python scripts/container_check.py --json results/container-check.json")
+                             "python lab/container_check.py --json results/container-check.json")
     base, wheels, cpu = result["base"], result["wheelhouse"], result["cpu"]
     serving = cpu["serving"]
     releases = ", ".join(sorted({p["model"] for p in serving["predictions"].values()}))
@@ -624,7 +624,7 @@ PLAN_NAMES = {"onednn": "every layer on oneDNN", "f2_only": "F(2x2, 3x3) alone, 
 
 def winograd_block() -> str:
     """Each 3x3 layer's forward + backward time in fp32 or bf16, oneDNN against Winograd's F(2x2, 3x3) and F(4x4,
-    3x3), per CPU kind measured (scripts/measure_winograd.py), and the path training takes there (in bf16, also timed
+    3x3), per CPU kind measured (lab/measure_winograd.py), and the path training takes there (in bf16, also timed
     as it takes it)."""
     parts = []
     for path in sorted(RESULTS.glob("winograd-layers-*.json")):
@@ -671,11 +671,11 @@ def winograd_block() -> str:
                              for plan, s in whole["median_s"].items() if plan != "as_trained")
                          + f", as {precision} training takes them {1e3 * trained:,.0f} ms.")
         parts.append("")
-    return "\n".join(parts).rstrip() or "No measurement yet: `python scripts/measure_winograd.py`."
+    return "\n".join(parts).rstrip() or "No measurement yet: `python lab/measure_winograd.py`."
 
 
 def validation_block() -> str:
-    """Every recipe sweep on a validation split (scripts/validation_runs.py), oldest first, with the table the
+    """Every recipe sweep on a validation split (lab/validation_runs.py), oldest first, with the table the
     script printed."""
     sweeps = sorted(((json.loads(path.read_text()), path) for path in RESULTS.glob("validation-*.json")),
                     key=lambda sweep: sweep[0]["measured"])
@@ -687,7 +687,7 @@ def validation_block() -> str:
                      f"training images, {hardware(result['environment'])}, {first_run['precision']} "
                      f"(`{result['command']}`, `results/{path.name}`):\n\n"
                      + "\n".join(result["table"]))
-    return "\n\n".join(parts) or "No sweep yet: `python scripts/validation_runs.py`."
+    return "\n\n".join(parts) or "No sweep yet: `python lab/validation_runs.py`."
 
 
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,

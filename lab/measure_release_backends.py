@@ -1,7 +1,7 @@
 """Measure each backend of the shipped releases on this machine, and record it in their metrics.json.
 
-    python scripts/measure_release_backends.py --real-data PATH_TO/cifar-10-python.tar.gz
-    python scripts/measure_release_backends.py --real-data PATH --releases B --no-accuracy   # speeds only
+    python lab/measure_release_backends.py --real-data PATH_TO/cifar-10-python.tar.gz
+    python lab/measure_release_backends.py --real-data PATH --releases B --no-accuracy   # speeds only
 
 `auto` (cifarkit.inference.backends) needs two things from a release: each backend's test accuracy and top-1
 agreement with fp32 on the 10,000 test images (the accuracy rule), and each backend's speed on a CPU of the kind
@@ -42,13 +42,13 @@ def measure(version: str, accuracy: bool) -> dict:
         for backend, value in accuracies.items():
             print(f"{version} {backend}: {100 * value:.2f}%, agreeing with fp32 on {100 * agreements[backend]:.2f}%")
         inference.setdefault("accuracy_by_cpu_kind", {})[kind] = {
-            "measured": now, "command": "python scripts/measure_release_backends.py",
+            "measured": now, "command": "python lab/measure_release_backends.py",
             "test_acc_by_backend": accuracies, "top1_agreement_with_fp32": agreements}
         inference["accuracy_rule"] = backends.ACCURACY_RULE
     rows = build.throughput_rows(classifiers, pixels)
     inference.setdefault("speed_by_cpu_kind", {})[kind] = {
         "measured_on": device.report(torch.device("cpu")), "measured": now,
-        "command": "python scripts/measure_release_backends.py",
+        "command": "python lab/measure_release_backends.py",
         "what": inference["what"], "throughput": rows,
     }
     for r in rows:

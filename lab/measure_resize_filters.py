@@ -1,6 +1,6 @@
 """Measure which downscaling filter preprocess.py should use, and write results/resize-filters.json.
 
-    python scripts/measure_resize_filters.py --real-data PATH_TO/cifar-10-python.tar.gz
+    python lab/measure_resize_filters.py --real-data PATH_TO/cifar-10-python.tar.gz
 
 A picture handed to `cifarkit predict` is often a CIFAR-10-sized image made bigger (upscaled for display, saved as
 JPEG). The filter that brings it back to 32 x 32 decides whether the model sees the pixels it was trained on. Each
@@ -161,7 +161,7 @@ def main() -> None:
         result["choice"] = min(FILTERS, key=lambda f: result["summary"][f]["mean_abs_pixel_error"])
         result["rule"] = RULE
         report = {
-            "command": "python scripts/measure_resize_filters.py --real-data PATH_TO/cifar-10-python.tar.gz"
+            "command": "python lab/measure_resize_filters.py --real-data PATH_TO/cifar-10-python.tar.gz"
                        f" --images {args.images} --seed {args.seed} --quality {args.quality}",
             "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "pillow": PIL.__version__, "dataset_sha256": dataset.sha256,

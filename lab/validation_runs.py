@@ -2,7 +2,7 @@
 it) and training time, each against the first variant's run on the same seed. The test set is not looked at: the
 runs log its accuracy, and this table leaves it out, so that choosing a recipe never reads it.
 
-    python scripts/validation_runs.py --seeds 0 1 --variant base --variant frozen train.group_train_epochs=[5,7] \
+    python lab/validation_runs.py --seeds 0 1 --variant base --variant frozen train.group_train_epochs=[5,7] \
         --runs-dir runs/validation --json results/validation-NAME.json
 
 Each run is a whole `cifarkit train --recipe R --set data.val_split=N --seed S --set KEY=VALUE...` process, one at a
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     write_json(args.json, {
-        "command": " ".join(["python scripts/validation_runs.py"]
+        "command": " ".join(["python lab/validation_runs.py"]
                             + [portable(a) if i in paths else shlex.quote(a) for i, a in enumerate(typed)]),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "written_at_commit": commit,
         "recipe": args.recipe, "val_split": args.val_split, "seeds": args.seeds, "accuracy": accuracy,

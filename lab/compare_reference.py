@@ -1,7 +1,7 @@
 """Time `cifarkit train --recipe fast` against the published airbench speedruns on this machine, and write the ratios.
 
     curl -LO https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py
-    python scripts/compare_reference.py --muon airbench94_muon.py --runs 3 --json results/compare-reference-avx2.json
+    python lab/compare_reference.py --muon airbench94_muon.py --runs 3 --json results/compare-reference-avx2.json
 
 The references, strongest first:
 - airbench94_muon (Jordan, 2024-10: Muon on the conv filters, 8 epochs, batch 2000), whose recipe `fast` adopted.
@@ -418,7 +418,7 @@ def main() -> None:
         print(f"keeping {len(rounds)} round(s) from {args.json} (the last finished {rounds[-1]['finished']})",
               file=sys.stderr)
     sides = ["cifarkit", *args.references]
-    command = "python scripts/compare_reference.py " + " ".join(
+    command = "python lab/compare_reference.py " + " ".join(
         ([f"--muon {muon_file.name}"] if muon_file else []) + [f"--references {' '.join(args.references)}",
          f"--runs {args.runs}", f"--first-seed {args.first_seed}", variant(args.recipe, args.overrides)]
         + ([f"--subset {args.subset}"] if args.subset else []) + ([f"--json {portable(args.json)}"]

@@ -1,7 +1,7 @@
 """Load-test `cifarkit serve` on loopback, batched against unbatched, and write results/serve-bench.json.
 
-    python scripts/bench_serve.py                        # B; 20,000 requests per level at 1 16 64 256; 5-minute soak
-    python scripts/bench_serve.py --requests 2000 --soak-s 0        # a quick look, a minute or two
+    python lab/bench_serve.py                        # B; 20,000 requests per level at 1 16 64 256; 5-minute soak
+    python lab/bench_serve.py --requests 2000 --soak-s 0        # a quick look, a minute or two
 
 The client is this script: asyncio (uvloop where installed), one HTTP/1.1 keep-alive connection per concurrent client,
 as browsers, requests.Session and httpx keep theirs, each sending its share of exactly --requests back to back: POST
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in distributions()}
     report = {
         # Paths as the project writes them: never one of this machine.
-        "command": " ".join(["python scripts/bench_serve.py", *(shlex.quote(re.sub(
+        "command": " ".join(["python lab/bench_serve.py", *(shlex.quote(re.sub(
             r"^(--[\w-]+=)?(/.*)", lambda m: (m[1] or "") + portable(m[2]), word)) for word in argv)]),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "environment": {**environment(), "cpu_count": os.cpu_count(), "load_average_before": [

@@ -1,8 +1,8 @@
 """Images per second of `engine.evaluate` on the CPU at each evaluation batch size, per model and thread count, and
 write results/eval-batch-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS).
 
-    python scripts/measure_eval_batch.py
-    python scripts/measure_eval_batch.py --batch-sizes 128 256 1000 --rounds 3
+    python lab/measure_eval_batch.py
+    python lab/measure_eval_batch.py --batch-sizes 128 256 1000 --rounds 3
 
 The batch sizes take turns within each round (ABAB...), so drift on a shared machine falls on every size alike; the
 median over rounds is kept. engine.EVAL_BATCH_CPU is chosen from these tables. Run it alone.
@@ -69,7 +69,7 @@ def main() -> None:
     write_json(ROOT / "results" / f"eval-batch-{kind}.json", {
         "what": "img/s of engine.evaluate (fp32, single view, channels-last) on random uint8 images, median of "
                 f"{args.rounds} interleaved rounds",
-        "command": "python scripts/measure_eval_batch.py",
+        "command": "python lab/measure_eval_batch.py",
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "cpu_kind": kind, "processor": device.report()["processor"], "torch": torch.__version__,
         "rows": rows,

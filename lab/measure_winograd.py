@@ -3,9 +3,9 @@ Winograd's F(2x2, 3x3) and F(4x4, 3x3) (cifarkit.models.winograd; F(2x2) alone i
 the path training takes. Writes results/winograd-layers-KIND.json (KIND: the CPU kind, as in backends.CPU_KINDS;
 results/winograd-layers-bf16-KIND.json in bf16), or --json PATH.
 
-    python scripts/measure_winograd.py
-    python scripts/measure_winograd.py --model fastnet_deep --tile-rows 1536 --rounds 5 --model-rounds 4
-    python scripts/measure_winograd.py --precision bf16 --tile-rows 1536 --rounds 5
+    python lab/measure_winograd.py
+    python lab/measure_winograd.py --model fastnet_deep --tile-rows 1536 --rounds 5 --model-rounds 4
+    python lab/measure_winograd.py --precision bf16 --tile-rows 1536 --rounds 5
 
 The variants take turns within each round, so drift on a shared machine falls on each alike; the median over rounds
 is kept. Winograd computes whole blocks of outputs: a pooled layer's cropped ones, otherwise its outputs rounded up
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     kind = backends.cpu_kind()
     out = ROOT / (args.json or Path("results") / f"winograd-layers-{'bf16-' if bf16 else ''}{kind}.json")
     write_json(out, {
-        "command": "python scripts/measure_winograd.py" + (" " + " ".join(argv) if argv else ""),
+        "command": "python lab/measure_winograd.py" + (" " + " ".join(argv) if argv else ""),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
         "environment": device.report(torch.device("cpu")), "model": args.model, "batch_size": args.batch_size,
         "threads": torch.get_num_threads(), "precision": args.precision, "rounds": args.rounds,

@@ -1,12 +1,12 @@
 """airbench94_muon on a CUDA GPU as its author runs it, the anchor for `cifarkit speedrun --device cuda`.
 
-    python scripts/reference_cuda.py --muon airbench94_muon.py --runs 5 --json device-check/airbench94-muon-cuda.json
+    python lab/reference_cuda.py --muon airbench94_muon.py --runs 5 --json device-check/airbench94-muon-cuda.json
 
 Its own __main__, minus the 200 runs: the model compiled with mode="max-autotune", one warm-up run on random labels
 (compilation, not timed), then --runs runs with seeds 0, 1, ... Each run's time is its own timer (CUDA events over
 the whitening init, the 8 epochs and the final TTA, its per-epoch evaluations excluded), as its published figure is.
 The data: this machine's CIFAR-10 cache, written as the cifar10/train.pt and test.pt its loader reads first.
-`scripts/compare_reference.py` is the CPU comparison; it runs the reference uncompiled, as cifarkit runs there.
+`lab/compare_reference.py` is the CPU comparison; it runs the reference uncompiled, as cifarkit runs there.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def main() -> None:
     from cifarkit.core import device
     from cifarkit.core.files import write_json
     if not torch.cuda.is_available():
-        sys.exit("reference_cuda: torch sees no CUDA device here; scripts/compare_reference.py compares on the CPU")
+        sys.exit("reference_cuda: torch sees no CUDA device here; lab/compare_reference.py compares on the CPU")
     spec = importlib.util.spec_from_file_location("airbench94_muon", muon_file)
     muon = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(muon)
@@ -56,7 +56,7 @@ def main() -> None:
             torch.manual_seed(seed)
             accuracy = muon.main(seed, model)
             runs.append({"seed": seed, "test_acc": accuracy, "train_time_s": finals[-1]["time_seconds"]})
-    result = {"command": f"python scripts/reference_cuda.py --muon {muon_file.name} --runs {args.runs}",
+    result = {"command": f"python lab/reference_cuda.py --muon {muon_file.name} --runs {args.runs}",
               "reference": "airbench94_muon", "compiled": "max-autotune",
               "timer": "its own CUDA events: whitening init, 8 epochs and the final 6-view TTA",
               "accuracy_mean": statistics.fmean(r["test_acc"] for r in runs),

@@ -1,8 +1,8 @@
 """A training step of a recipe, before and after a change: `cifarkit profile` of a commit against the working tree,
 in ABBA order, with the per-pair ratios. Writes results/profile-ab-RECIPE-KIND.json, or --json PATH.
 
-    python scripts/ab_profile.py --before 4452932                # fast, 3 pairs of 3 steps each
-    python scripts/ab_profile.py --before HEAD~3 --recipe deep96 --pairs 2
+    python lab/ab_profile.py --before 4452932                # fast, 3 pairs of 3 steps each
+    python lab/ab_profile.py --before HEAD~3 --recipe deep96 --pairs 2
 
 The commit is checked out into a temporary git worktree and run from there (PYTHONPATH), each side as a whole
 `python -m cifarkit profile` process, so each side runs its own allocator choice. Run it alone.
@@ -84,7 +84,7 @@ def main() -> None:
     out = ROOT / (args.json or Path("results") / f"profile-ab-{args.recipe}-{kind}.json")
     write_json(out, {
         "command": "".join(f"{name}={value} " for name, value in device.isa_caps().items())
-                   + f"python scripts/ab_profile.py --before {commit}"
+                   + f"python lab/ab_profile.py --before {commit}"
                    + (f" --recipe {args.recipe}" if args.recipe != "fast" else "")
                    + (f" --pairs {args.pairs}" if args.pairs != 3 else "")
                    + (f" --steps {args.steps}" if args.steps != 3 else "")
