@@ -1,20 +1,28 @@
-"""Rewrite the generated blocks of README.md and docs/*.md from the registry and the measurement files in results/.
+"""Rewrite the generated blocks of README.md, docs/*.md and results/README.md from the registry and the measurement
+files in results/; `--check` only compares, and fails where a page differs from a fresh render.
 
     python lab/render_readme.py
+    python lab/render_readme.py --check
 
 Each block sits between `<!-- NAME:begin -->` and `<!-- NAME:end -->`, in exactly one of those pages; nothing else
 in them is touched. The numbers come only from files that `cifarkit` commands wrote, so the pages cannot drift from
-the evidence.
+the evidence. A file that no longer measures what ships lives in results/archive/, with its reason in
+results/archive/reasons.yaml; the history tables show it marked so, and the README shows only current files.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import yaml
 
 from cifarkit import models
 from cifarkit.artifacts.releases import SHIPPED
@@ -23,14 +31,318 @@ from cifarkit.core.files import write_text
 from cifarkit.inference import backends
 from cifarkit.models.winograd import blocks as winograd_blocks
 from cifarkit.release.compare import compare
-from cifarkit.tools.benchmark import device_table
-from cifarkit.tools.speedrun import describe_difference, difference_of_means
+from cifarkit.tools.benchmark import SPEED_ONLY, device_table
+from cifarkit.tools.speedrun import describe_difference, difference_of_means, mean_with_t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
+# In RESULTS: the superseded files, and when and at which commit each file was made, taken from git once for the
+# files that do not record it themselves, so that a render (and CI's check of it) needs no history.
+ARCHIVE, PROVENANCE = "archive", "provenance.json"
+SPEED_ONLY_SENTENCE = f"{SPEED_ONLY[0].upper()}{SPEED_ONLY[1:]}."
+CHARTS = RESULTS  # where the blocks that draw a chart put it; `--check` draws in a scratch folder
 # lab/ab_profile.py records the batch since 2026-12-06; every A/B file written before timed `fast` at batch 2,000,
 # its batch until 5276c1b (`git show COMMIT:src/cifarkit/training/recipes/fast.yaml` at each file's "after").
 AB_BATCH_BEFORE_RECORDED = 2000
+
+
+def archive_reasons() -> dict[str, str]:
+    """results/archive/'s files, each with the reason it is history (results/archive/reasons.yaml)."""
+    return yaml.safe_load((RESULTS / ARCHIVE / "reasons.yaml").read_text())
+
+
+def result_files(pattern: str) -> list[Path]:
+    """The files of results/ matching `pattern`, then those of results/archive/: the history tables show both."""
+    return sorted(RESULTS.glob(pattern)) + sorted((RESULTS / ARCHIVE).glob(pattern))
+
+
+def current_files(pattern: str) -> list[tuple[Path, dict]]:
+    """The current JSON files matching `pattern`, each with its contents: what the README may show."""
+    return [(path, json.loads(path.read_text())) for path in sorted(RESULTS.glob(pattern))]
+
+
+def rel(path: Path) -> str:
+    """A results file's path as the pages name it."""
+    return f"results/{path.relative_to(RESULTS).as_posix()}"
+
+
+def status(path: Path) -> str:
+    """"current" (with the note results/notes.yaml keeps for it, if any), or "superseded" with the archive's
+    reason."""
+    if path.parent != RESULTS:
+        return f"superseded: {archive_reasons()[path.name]}"
+    note = note_on(path)
+    return f"current ({note})" if note else "current"
+
+
+def note_on(path: Path) -> str | None:
+    """What results/notes.yaml says of a file that the file cannot say of itself (a run stopped early)."""
+    notes = RESULTS / "notes.yaml"
+    return (yaml.safe_load(notes.read_text()) or {}).get(path.name) if notes.is_file() else None
+
+
+def provenance() -> dict[str, dict]:
+    path = RESULTS / PROVENANCE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _recorded_commit(data: dict) -> str | None:
+    """The cifarkit commit a file says it measured, in whichever field its command recorded it."""
+    runs = data.get("runs")
+    first_run = runs[0] if isinstance(runs, list) and runs and isinstance(runs[0], dict) else {}
+    commit = (data.get("settings", {}).get("code", {}).get("commit") or data.get("written_at_commit")
+              or data.get("commit") or (data.get("source") or {}).get("commit")
+              or (first_run.get("run", {}).get("source") or {}).get("commit"))
+    if commit is None and isinstance(data.get("after"), str):  # an A/B: the commit of its "after" side
+        commit = data["after"]
+    if not commit:
+        return None
+    sha, _, note = commit.partition(" ")  # "with uncommitted changes to src/", where an A/B says so
+    return f"{sha[:7]} {note}".strip()
+
+
+def _recorded_date(data: dict) -> str | None:
+    """The day a file says it was measured: its own stamp, else the last of its runs' finishing times."""
+    if data.get("measured"):
+        return data["measured"][:10]
+    runs = data.get("runs")
+    finished = [r["finished"] for r in runs if isinstance(r, dict) and r.get("finished")] if isinstance(runs, list) \
+        else []
+    return max(finished)[:10] if finished else None
+
+
+def update_provenance() -> None:
+    """Add, from git, the commit and day each results file was added in, for the files that record neither; kept
+    entries stay as they are, so the record survives a shallow clone."""
+    known = provenance()
+    for path in result_files("*.json") + result_files("*.png"):
+        data = json.loads(path.read_text()) if path.suffix == ".json" else {}
+        if path.name in known or (_recorded_commit(data) and _recorded_date(data)):
+            continue
+        # By name in both folders, without --follow, whose guesses at renames can name another file's first commit.
+        log = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h %cs", "--", f"results/{path.name}",
+                              f"results/{ARCHIVE}/{path.name}"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+        if log:
+            known[path.name] = {"added_in": log[-2], "date": log[-1]}
+    write_text(RESULTS / PROVENANCE, json.dumps(dict(sorted(known.items())), indent=2) + "\n")
+
+
+def commit_and_date(path: Path, data: dict) -> tuple[str, str]:
+    """The commit and day of a results file as the index shows them: the file's own record, else the commit that
+    added it (marked "added in")."""
+    added = provenance().get(path.name, {})
+    commit = _recorded_commit(data) or (f"added in {added['added_in']}" if added else "not recorded")
+    return commit, _recorded_date(data) or added.get("date", "not recorded")
+
+
+# The question each kind of results file answers, by the start of its name; the index groups the files by them.
+QUESTIONS = (
+    (("speedrun-", "release-"), "How accurate is a recipe, and how long does a run take? (`cifarkit speedrun`)"),
+    (("compare-reference",), "How does `fast` compare with the airbench references? (`cifarkit reference`)"),
+    (("profile-ab-",), "Did a code change make the training step faster? (`python lab/ab_profile.py`)"),
+    (("profile-", "freeze-profile-"), "Where does a training step's time go? (`cifarkit profile`)"),
+    (("bench-",), "Training throughput per model, precision, device and process count (`cifarkit bench`)"),
+    (("serve-bench",), "How fast does the server answer? (`cifarkit bench-serve`)"),
+    (("validation-",), "Which recipe values win on a validation split? (`cifarkit validate`)"),
+    (("winograd-",), "Which convolution kernel is fastest, layer by layer? (`python lab/measure_winograd.py`)"),
+    (("allocators-",), "Which memory allocator trains fastest? (`python lab/measure_allocators.py`)"),
+    (("",), "Other measurements of the project (`lab/README.md` names the script of each)"),
+)
+
+
+def question_of(name: str) -> str:
+    return next(question for prefixes, question in QUESTIONS if name.startswith(prefixes))
+
+
+def _what(path: Path, data: dict) -> str:
+    """A few words on what one results file measured."""
+    name = path.name
+    if path.suffix == ".png":
+        return "chart"
+    n = data.get("accuracy", {}).get("n") if isinstance(data.get("accuracy"), dict) else None
+    overrides = "".join(f" `{o}`" for o in data.get("overrides") or [])
+    if name.startswith(("speedrun-", "release-")):
+        return f"`{data['recipe']}`{overrides}, {n} run(s)"
+    if name.startswith("compare-reference"):
+        against = ", ".join(data.get("references") or {}) or data.get("reference_package", "airbench94")
+        return f"`{data.get('recipe', 'fast')}`{overrides} against {against}"
+    if name.startswith("profile-ab-"):
+        return f"step time before ({data['before']}) and after ({data['after']})"
+    if name.startswith(("profile-", "freeze-profile-")):
+        return f"`{data['recipe']}` step, {data['precision']}, batch {data['batch_size']:,}"
+    if name.startswith("serve-bench"):
+        return f"release {data['model']} through {data['servers']['batched']['served']['backend']}"
+    if name.startswith("validation-"):
+        return f"`{data['recipe']}`: " + " vs ".join(f"`{v['name']}`" for v in data["variants"])
+    if name.startswith("winograd-"):
+        return f"`{data['model']}`, {data.get('precision', 'fp32')}"
+    if data.get("what"):
+        return data["what"]
+    return f"`{data['command']}`" if data.get("command") else name
+
+
+def _device_of(data: dict) -> tuple[str, str]:
+    """(device kind, processor or GPU) of a results file, or "-" where it measured no device."""
+    environment = data.get("environment") or {}
+    if environment.get("device", "").startswith("cuda"):
+        return "GPU", environment["gpus"][0]["name"]
+    kind = data.get("cpu_kind") or (cpu_kind_of(environment) if environment else "-")
+    processor = processor_of(environment) if environment.get("processor") else data.get("processor", "-")
+    return kind, processor
+
+
+def index_block() -> str:
+    """Every file of results/ and results/archive/, by the question it answers: what it measured, where, at which
+    commit, when, and whether it is current."""
+    files = [p for p in result_files("*") if p.suffix in (".json", ".png") and p.name != PROVENANCE]
+    parts = []
+    for _, question in QUESTIONS:
+        rows = []
+        for path in files:
+            if question_of(path.name) != question:
+                continue
+            data = json.loads(path.read_text()) if path.suffix == ".json" else {}
+            kind, processor = _device_of(data)
+            commit, day = commit_and_date(path, data)
+            link = path.relative_to(RESULTS).as_posix()
+            rows.append(f"| [{link}]({link}) | {_what(path, data)} | {kind} | {processor} | {commit} | {day} | "
+                        f"{status(path)} |")
+        if rows:
+            parts += [f"### {question}", "", "| file | what | device kind | processor | commit | date | status |",
+                      "|---|---|---|---|---|---|---|", *rows, ""]
+    return "\n".join(parts).rstrip()
+
+
+KIND_NAMES = {"amx": "Intel Xeon with AMX", "avx512_bf16": "AVX512-BF16, no AMX", "avx2": "AVX2 only"}
+# The AMD generations behind the x86 family and model that the files record (virtual machines name them alike).
+ZEN = {"family 23 model 49": "Zen 2", "family 25 model 1": "Zen 3", "family 25 model 17": "Zen 4",
+       "family 26 model 2": "Zen 5"}
+ACCURACY_GOAL = 0.94
+
+
+def _shipped_fast(data: dict) -> bool:
+    """A run of `fast` as it ships: no overrides but the device, on all the training data."""
+    return data.get("recipe") == "fast" and not data.get("subset") and all(
+        o.startswith("train.device=") for o in data.get("overrides") or [])
+
+
+def _training_evidence(device: str) -> list[dict]:
+    """Each current file that timed the shipped `fast` on `device` ("cpu" or "cuda"): speed runs and comparisons
+    with a reference, with its accuracies, mean time a run and day."""
+    found = []
+    for path, data in current_files("speedrun-fast*.json"):
+        if _shipped_fast(data) and data["environment"].get("device", "cpu").split(":")[0] == device:
+            found.append({"path": path, "environment": data["environment"], "day": _recorded_date(data),
+                          "accuracies": [r["test_acc"] for r in data["runs"]], "seconds": data["wall_time_s"]["mean"],
+                          "timer": "a run"})
+    for path, data in current_files("compare-reference*.json"):
+        if device == "cpu" and "references" in data and _shipped_fast(data):
+            found.append({"path": path, "environment": data["environment"], "day": _recorded_date(data),
+                          "accuracies": [r["test_acc"] for r in data["cifarkit"]["runs"]],
+                          "seconds": data["cifarkit"]["wall_time_s"], "timer": "a run, whole process",
+                          "comparison": data})
+    return found
+
+
+def _accuracy_words(accuracies: list[float]) -> str:
+    mean, interval = mean_with_t_interval(accuracies)
+    spread = f", 95% interval {100 * interval[0]:.2f}-{100 * interval[1]:.2f}%" if interval else ""
+    verdict = "" if mean >= ACCURACY_GOAL else f": under {100 * ACCURACY_GOAL:.0f}% on the mean"
+    return f"{100 * mean:.2f}% mean test accuracy (n = {len(accuracies)}{spread}){verdict}"
+
+
+def _against_reference(comparison: dict | None) -> str:
+    """`fast`'s speed-up over the strongest reference of a comparison, always with the accuracy difference, its
+    interval, and in words whether that is a speed-up at equal accuracy."""
+    if comparison is None:
+        return "no reference timed on this processor yet"
+    name, side = next(iter(comparison["references"].items()))  # the script lists the strongest first
+    ratio = side["speedup"]["whole_process"]
+    ours = [r["test_acc"] for r in comparison["cifarkit"]["runs"]]
+    difference = difference_of_means(ours, [r["test_acc"] for r in side["runs"]])
+    interval = difference["ci95"]
+    spread = f" (95% interval {100 * interval[0]:+.2f} to {100 * interval[1]:+.2f})" if interval else ""
+    verdict = ("as accurate or more on the mean: faster at equal accuracy" if difference["difference"] >= 0
+               else "less accurate on the mean: not yet faster at equal accuracy")
+    rounds = len(comparison.get("rounds", ours))
+    return (f"{ratio['mean']:.2f}x as fast as {name} at {100 * difference['difference']:+.2f} points of accuracy"
+            f"{spread}, {rounds} rounds: {verdict}")
+
+
+def _evidence(path: Path) -> str:
+    """A link to a results file, with what results/notes.yaml says of it."""
+    note = note_on(path)
+    return f"[{path.name}]({rel(path)})" + (f" ({note})" if note else "")
+
+
+def _machine(environment: dict) -> str:
+    zen = ZEN.get(environment.get("cpu_model") or "")
+    return processor_of(environment, zen) if zen else processor_of(environment)
+
+
+def expect_block() -> str:
+    """What a user gets on each device kind, from current files only: `fast` as shipped (accuracy with n, time,
+    the speed-up over the strongest reference at its accuracy difference), and serving with the defaults."""
+    lines = ["| device | what | you get | evidence |", "|---|---|---|---|"]
+    for kind in (k for k in backends.CPU_KINDS if k in KIND_NAMES):
+        training = [e for e in _training_evidence("cpu") if cpu_kind_of(e["environment"]) == kind]
+        if training:
+            latest = max(training, key=lambda e: e["day"])
+            comparison = next((e for e in sorted(training, key=lambda e: e["day"], reverse=True) if "comparison" in e
+                               and _machine(e["environment"]) == _machine(latest["environment"])), None)
+            evidence = ", ".join(dict.fromkeys(_evidence(e["path"]) for e in (latest, comparison) if e))
+            lines.append(f"| {KIND_NAMES[kind]}: {_machine(latest['environment'])} | `cifarkit train` (`fast`) | "
+                         f"{_accuracy_words(latest['accuracies'])}; {latest['seconds'] / 60:.1f} min "
+                         f"{latest['timer']}; "
+                         f"{_against_reference(comparison['comparison'] if comparison else None)} | {evidence} |")
+        else:
+            lines.append(f"| {KIND_NAMES[kind]} | `cifarkit train` (`fast`) | not measured with the current `fast` "
+                         f"yet | [history](docs/measurements.md) |")
+        serving = [(path, data) for path, data in current_files("serve-bench*.json")
+                   if cpu_kind_of(data["environment"]) == kind and _serves_defaults(data)]
+        if serving:
+            path, data = max(serving, key=lambda item: item[1]["measured"])
+            goals = data["summary"]["goals"]["concurrency_64"]
+            lines.append(f"| {KIND_NAMES[kind]}: {_machine(data['environment'])} | `cifarkit serve` (defaults: "
+                         f"{data['servers']['batched']['served']['backend']}) | {goals['req_per_s']:,.0f} requests/s "
+                         f"from 64 connections, p99 latency {goals['p99_ms']:.0f} ms | "
+                         f"[{path.name}]({rel(path)}) |")
+    for gpu in sorted({data["environment"]["gpus"][0]["name"] for path in result_files("speedrun-fast*.json")
+                       if (data := json.loads(path.read_text()))["environment"].get("device", "").startswith("cuda")}):
+        measured = [e for e in _training_evidence("cuda") if e["environment"]["gpus"][0]["name"] == gpu]
+        if measured:
+            latest = max(measured, key=lambda e: e["day"])
+            lines.append(f"| {gpu} | `cifarkit train` (`fast`) | {_accuracy_words(latest['accuracies'])}; "
+                         f"{latest['seconds']:.1f} s {latest['timer']} | "
+                         f"[{latest['path'].name}]({rel(latest['path'])}) |")
+        else:
+            lines.append(f"| {gpu} | `cifarkit train` (`fast`) | not measured with the current `fast` yet: its one "
+                         f"run timed the earlier recipe | [history](docs/measurements.md) |")
+    return "\n".join(lines)
+
+
+
+def quickstart_block() -> str:
+    """What `cifarkit train` with no options gives: the default seed's run in the newest current speed run of `fast`,
+    beside the mean of that speed run's seeds."""
+    with_seed_0 = [(path, data) for path, data in current_files("speedrun-fast*.json")
+                   if _shipped_fast(data) and any(r["seed"] == 0 for r in data["runs"])]
+    if not with_seed_0:
+        return "No current speed run of `fast` yet: `cifarkit speedrun --recipe fast --runs 5` makes one."
+    path, data = max(with_seed_0, key=lambda item: _recorded_date(item[1]))
+    first = next(r for r in data["runs"] if r["seed"] == 0)
+    reach = "reaches" if first["test_acc"] >= ACCURACY_GOAL else "is under"
+    return (f"On {hardware(data['environment'])}, seed 0 scored {100 * first['test_acc']:.2f}% in "
+            f"{first['wall_time_s'] / 60:.1f} min, which {reach} {100 * ACCURACY_GOAL:.0f}%; seeds "
+            f"{data['runs'][0]['seed']}-{data['runs'][-1]['seed']} of the same speed run give "
+            f"{_accuracy_words([r['test_acc'] for r in data['runs']])} ([{path.name}]({rel(path)})).")
+
+def _serves_defaults(bench: dict) -> bool:
+    """A serving benchmark of `cifarkit serve` as it starts: backend auto, no options added."""
+    command = shlex.split(bench["command"])
+    return ("--backend" not in command or command[command.index("--backend") + 1] == "auto") \
+        and not serve_options(bench)
 
 
 def models_block() -> str:
@@ -125,13 +437,15 @@ def bench_block() -> str:
     for r in bench["results"]:
         lines.append(f"| `{r['model']}` | {r['mode']} | {r['images_per_s']:,.0f} | "
                      f"{r[f'speedup_vs_{baseline}']:.2f}x |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", SPEED_ONLY_SENTENCE])
 
 
 def speedrun_block() -> str:
+    """Every speed run, current and superseded, with the command that made it."""
     lines = ["| recipe | n | mean test accuracy | std | 95% CI | p (mean > target) | wall time mean / max | device | "
-             "machine speed before each run | file |", "|---|---:|---:|---:|---|---:|---:|---|---:|---|"]
-    for path in sorted(RESULTS.glob("speedrun-*.json")):
+             "precision | machine speed before each run | status | command |",
+             "|---|---:|---:|---:|---|---:|---:|---|---|---:|---|---|"]
+    for path in result_files("*speedrun-*.json"):
         report = json.loads(path.read_text())
         acc, wall = report["accuracy"], report["wall_time_s"]
         overrides = "".join(f" `{o}`" for o in report["overrides"])
@@ -142,8 +456,8 @@ def speedrun_block() -> str:
                       f"{acc['p_value_mean_above_target']:.3g} (target {100 * report['target']:.1f}%)")
         lines.append(f"| `{report['recipe']}`{overrides} | {acc['n']} | {100 * acc['mean']:.2f}% | {spread} | "
                      f"{_duration(wall['mean'])} / {_duration(wall['max'])} | {hardware(report['environment'])} | "
-                     f"{machine_speeds(report['runs'])} | "
-                     f"`results/{path.name}` |")
+                     f"{_precision(report)} | {machine_speeds(report['runs'])} | {status(path)} | "
+                     f"{_speedrun_command(report)} (`{rel(path)}`) |")
     return "\n".join(lines)
 
 
@@ -157,32 +471,11 @@ def cpu_kind_of(environment: dict) -> str:
     return backends.cpu_kind(features) if features is not None else "not recorded"
 
 
-def cpu_kind_block() -> str:
-    """What a user can expect per CPU kind: each `fast` speed run and each serving benchmark, with its command."""
-    lines = ["| CPU kind | processor | what | measured | command |", "|---|---|---|---|---|"]
-
-    for path, report in fast_speedruns("cpu"):
-        acc, wall = report["accuracy"], report["wall_time_s"]
-        environment = report["environment"]
-        lines.append(f"| {cpu_kind_of(environment)} | {processor_of(environment)} | `fast` training, "
-                     f"{_precision(report)} | {100 * acc['mean']:.2f}% mean test accuracy (n = {acc['n']}), "
-                     f"{wall['mean'] / 60:.1f} min mean wall time | {_speedrun_command(report)} "
-                     f"(`results/{path.name}`) |")
-    for path in sorted(RESULTS.glob("compare-reference*.json")):
-        compared = json.loads(path.read_text())
-        if "references" not in compared or compared["subset"]:  # the first form, or a check that the sides run
-            continue
-        ours = compared["cifarkit"]
-        against = "; ".join(f"{side['speedup']['whole_process']['mean']:.2f}x as fast as {name} (whole process, "
-                            f"{100 * side['accuracy']['mean']:.2f}% there)"
-                            for name, side in compared["references"].items())
-        lines.append(f"| {compared['cpu_kind']} | {processor_of(compared['environment'])} | {_side_of(compared)} "
-                     f"training, {compared['precision_policy']}{_code_of(compared)} | "
-                     f"{100 * ours['accuracy']['mean']:.2f}% mean test accuracy (n = {_rounds_done(compared)}; "
-                     f"{100 * ours['accuracy_6_views']['mean']:.2f}% with 6 TTA views), "
-                     f"{ours['wall_time_s'] / 60:.1f} min mean wall time; {against} | `{compared['command']}` "
-                     f"(`results/{path.name}`) |")
-    for path in sorted(RESULTS.glob("profile-ab-fast-*.json")):  # where no speed run was made on the kind yet
+def step_block() -> str:
+    """Where a step's time goes per CPU kind (`cifarkit profile`), and the A/B step times of code changes, each
+    marked current or superseded. They time steps only: a step's accuracy is the speed runs' to measure."""
+    lines = ["| CPU kind | processor | what | measured | status | command |", "|---|---|---|---|---|---|"]
+    for path in result_files("profile-ab-fast-*.json"):
         ab = json.loads(path.read_text())
         after = ab["runs"]["after"]
         step = statistics.fmean(r["step_s"] for r in after)
@@ -192,8 +485,9 @@ def cpu_kind_block() -> str:
         lines.append(f"| {ab['cpu_kind']} | {processor_of(ab['environment'])} | `fast` training step, "
                      f"{after[0]['precision']}, batch {batch:,}, {after[0]['allocator']} | {step:.1f} s per step "
                      f"({batch / step:,.0f} img/s) at {ab['after']}, {ab['speedup_mean']:.2f}x the step at "
-                     f"{ab['before']} (n = {len(after)} pairs{spread}) | `{ab['command']}` (`results/{path.name}`) |")
-    for path in sorted(RESULTS.glob("profile-*.json")):  # `cifarkit profile --json`: the convolutions' share of peak
+                     f"{ab['before']} (n = {len(after)} pairs{spread}); accuracy not measured (step time only) | "
+                     f"{status(path)} | `{ab['command']}` (`{rel(path)}`) |")
+    for path in result_files("*profile-*.json"):  # `cifarkit profile --json`: the convolutions' share of peak
         if path.name.startswith("profile-ab-"):
             continue
         profiled = json.loads(path.read_text())
@@ -207,29 +501,8 @@ def cpu_kind_block() -> str:
                      f"{profiled['batch_size']:,} | {rate / 1e12:.3f} TFLOP/s {counted}, "
                      f"{rate / peak['flop_per_s']:.2f}x a {peak['size']}^3 {peak['dtype']} matmul's "
                      f"{peak['flop_per_s'] / 1e12:.3f} in the same run; {profiled['step_s']:.1f} s per step | "
-                     f"`{profiled['command']}` (`results/{path.name}`) |")
-    for path in sorted(RESULTS.glob("serve-bench*.json")):
-        bench = json.loads(path.read_text())
-        batched = bench["servers"]["batched"]
-        # at 64 connections, the serving goals' load, or the most the file measured
-        level = min(batched["levels"], key=lambda lv: (lv["concurrency"] != 64, -lv["concurrency"]))
-        ratio = next((r["ratio"] for r in bench["summary"]["levels"] if r["concurrency"] == level["concurrency"]),
-                     None)
-        versus = f"{ratio:.2f}x" if ratio else "n/a"
-        options = serve_options(bench)
-        options = f" with `{options}`" if options else ""
-        lines.append(f"| {cpu_kind_of(bench['environment'])} | {processor_of(bench['environment'])} | serving release "
-                     f"{bench['model']} through {batched['served']['backend']}{options}, {level['concurrency']} "
-                     f"connections | "
-                     f"{level['req_per_s']:,.0f} req/s, p99 {level['p99_ms']:.0f} ms, batched {versus} unbatched | "
-                     f"`{bench['command']}` (`results/{path.name}`) |")
+                     f"{status(path)} | `{profiled['command']}` (`{rel(path)}`) |")
     return "\n".join(lines)
-
-
-def fast_speedruns(device_type: str) -> list[tuple[Path, dict]]:
-    """The `fast` speed runs made on `device_type` ("cpu" or "cuda"), each with its file."""
-    reports = [(path, json.loads(path.read_text())) for path in sorted(RESULTS.glob("speedrun-fast*.json"))]
-    return [(path, report) for path, report in reports if report["environment"].get("device", "cpu") == device_type]
 
 
 def _precision(report: dict) -> str:
@@ -244,20 +517,6 @@ def _speedrun_command(report: dict) -> str:
     overrides = "".join(f" --set {o}" for o in report["overrides"])
     no_curve = " --no-curve" if all(len(r.get("curve", [])) <= 1 for r in report["runs"]) else ""
     return f"`cifarkit speedrun --recipe {report['recipe']} --runs {report['accuracy']['n']}{overrides}{no_curve}`"
-
-
-def gpu_block() -> str:
-    """`fast` on each GPU measured: accuracy, wall time and each run's training time, the first run's included
-    (it pays for cuDNN's autotuning), with the torch that ran there."""
-    lines = ["| GPU | torch | what | measured | command |", "|---|---|---|---|---|"]
-    for path, report in fast_speedruns("cuda"):
-        acc, wall, environment = report["accuracy"], report["wall_time_s"], report["environment"]
-        training = ", ".join(f"{r['train_time_s']:.1f}" for r in report["runs"])
-        lines.append(f"| {environment['gpus'][0]['name']} | {environment['torch']} | `fast` training, "
-                     f"{_precision(report)}, not compiled | {100 * acc['mean']:.2f}% mean test accuracy "
-                     f"(n = {acc['n']}), {wall['mean']:.1f} s mean wall time; training {training} s by run | "
-                     f"{_speedrun_command(report)} (`results/{path.name}`) |")
-    return "\n".join(lines) if len(lines) > 2 else "No GPU measured yet: `bash lab/device_check.sh` on one."
 
 
 def processor_of(environment: dict, *details: str) -> str:
@@ -289,7 +548,7 @@ def machine_speeds(runs: list[dict]) -> str:
 
 
 def releases_block() -> str:
-    return compare(SHIPPED, RESULTS / "releases.png")
+    return compare(SHIPPED, CHARTS / "releases.png")
 
 
 def inference_block() -> str:
@@ -343,16 +602,15 @@ def serving_goals_block() -> str:
     average (Little's law), so the model's best img/s bounds the mean latency from below, and the most batching can
     give is the model's own gain from batch 1 to its best batch."""
     rows = []
-    for path in sorted(RESULTS.glob("serve-bench*.json")):
+    for path in result_files("serve-bench*.json"):
         bench = json.loads(path.read_text())
         goals, alone = bench["summary"]["goals"]["concurrency_64"], bench["model_alone"]
         constants = bench["summary"]["goal_constants"]
         best = max(alone[f"batch_{b}_images_per_s"] for b in (1, 32, 64))
-        command, options = shlex.split(bench["command"]), serve_options(bench)
-        auto = "--backend" not in command or command[command.index("--backend") + 1] == "auto"
+        options = serve_options(bench)
         backend = bench["servers"]["batched"]["served"]["backend"]
         rows.append({"path": path, "kind": cpu_kind_of(bench["environment"]),
-                     "processor": processor_of(bench["environment"]), "defaults": auto and not options,
+                     "processor": processor_of(bench["environment"]), "defaults": _serves_defaults(bench),
                      "backend": f"{backend}, `{options}`" if options else backend, "goals": goals,
                      "constants": constants, "best": best, "gain": best / alone["batch_1_images_per_s"]})
     if not rows:
@@ -366,7 +624,7 @@ def serving_goals_block() -> str:
              f"p99 ms (goal <= {c['p99_ms']}) | "
              f"batched / unbatched (goal >= {c['ratio']}x) | the model alone: best batch / batch 1 | the model alone: "
              f"least mean latency at {c['concurrency']} connections | defaults / best here (goal >= 0.9x) | "
-             f"file |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             f"status | file |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for row in rows:
         g = row["goals"]
         best_here = best_by_machine[row["kind"], row["processor"]]
@@ -375,8 +633,11 @@ def serving_goals_block() -> str:
         lines.append(f"| {row['kind']} | {row['processor']} | {row['backend']}{defaults} | "
                      f"{g['req_per_s']:,.0f} | {g['p99_ms']:.0f} {'met' if g['p99_met'] else 'not met'} | "
                      f"{g['ratio']:.2f}x {'met' if g['ratio_met'] else 'not met'} | {row['gain']:.2f}x | "
-                     f"{1000 * c['concurrency'] / row['best']:.0f} ms | {versus} | `results/{row['path'].name}` |")
-    return "\n".join(lines)
+                     f"{1000 * c['concurrency'] / row['best']:.0f} ms | {versus} | {status(row['path'])} | "
+                     f"`{rel(row['path'])}` |")
+    return "\n".join(lines + ["", "Both servers of a file serve one release through one backend: the ratios are of "
+                                  "speed. The accuracy each backend serves is the release's, measured per CPU kind "
+                                  "([releases](releases.md)), and `auto` takes bf16 only where it keeps it."])
 
 
 def serve_block() -> str:
@@ -459,7 +720,7 @@ def scaling_block() -> str:
                      f"{100 * row['efficiency']:.0f}% |")
     seconds = result["eval_images"] / result["eval_images_per_s"]
     lines += ["", f"Rank 0 evaluates alone: {result['eval_images_per_s']:,.0f} img/s, {seconds:.1f} s per pass over "
-                  f"{result['eval_images']:,} test images, during which the other ranks wait."]
+                  f"{result['eval_images']:,} test images, during which the other ranks wait. " + SPEED_ONLY_SENTENCE]
     return "\n".join(lines)
 
 
@@ -470,7 +731,7 @@ def devices_block() -> str:
     env = result["environment"]
     gpus = ", ".join(g["name"] for g in env["gpus"]) or "no GPU"
     lines = [f"{processor_of(env)} ({env['threads']} threads), {gpus}; torch {env['torch']} (`{result['command']}`).",
-             "", device_table(result)]
+             "", device_table(result), "", SPEED_ONLY_SENTENCE]
     if result["skipped"]:
         lines += ["", "Not measured: " + "; ".join(f"{what} ({why})" for what, why in result["skipped"].items()) + "."]
     lines += ["", "![training speed-up over the CPU in fp32, per model, device and mode](results/bench-devices.png)"]
@@ -481,9 +742,10 @@ def reference_block() -> str:
     """results/compare-reference*.json, written by lab/compare_reference.py: the published airbench speedruns next
     to `fast`, timed on one machine in alternating rounds; a file per machine measured."""
     blocks = []
-    for path in sorted(RESULTS.glob("compare-reference*.json")):
+    for path in result_files("compare-reference*.json"):
         result = json.loads(path.read_text())
-        blocks.append(_reference_comparison(result) if "references" in result else _airbench94_only(result))
+        table = _reference_comparison(result) if "references" in result else _airbench94_only(result)
+        blocks.append(f"**`{rel(path)}`**, {status(path)}:\n\n{table}")
     return "\n\n".join(blocks)
 
 
@@ -627,7 +889,7 @@ def winograd_block() -> str:
     3x3), per CPU kind measured (lab/measure_winograd.py), and the path training takes there (in bf16, also timed
     as it takes it)."""
     parts = []
-    for path in sorted(RESULTS.glob("winograd-layers-*.json")):
+    for path in result_files("winograd-layers-*.json"):
         result = json.loads(path.read_text())
         precision = result.get("precision", "fp32")
         variants = [name.removeprefix("winograd").split("_") for name in result["layers"][0]["median_s"]
@@ -636,7 +898,7 @@ def winograd_block() -> str:
         chosen_rows = {int(tile): rows for tile, rows in result["tile_rows_chosen"].items()}
         parts.append(f"{result['cpu_kind']}, {processor_of(result['environment'])}, `{result['model']}`, batch "
                      f"{result['batch_size']:,}, {result['threads']} threads, medians of {result['rounds']} "
-                     f"interleaved rounds (`{result['command']}`, `results/{path.name}`):\n")
+                     f"interleaved rounds (`{result['command']}`, `{rel(path)}`, {status(path)}):\n")
         timed_as_trained = "as_trained" in result["layers"][0]["median_s"]  # bf16: each layer on its kernel plan
         parts.append(f"| layer | input gradient | {precision} training takes | oneDNN, ms | "
                      + ("as training takes it, ms | " if timed_as_trained else "")
@@ -671,7 +933,9 @@ def winograd_block() -> str:
                              for plan, s in whole["median_s"].items() if plan != "as_trained")
                          + f", as {precision} training takes them {1e3 * trained:,.0f} ms.")
         parts.append("")
-    return "\n".join(parts).rstrip() or "No measurement yet: `python lab/measure_winograd.py`."
+    if not parts:
+        return "No measurement yet: `python lab/measure_winograd.py`."
+    return "\n".join(parts) + SPEED_ONLY_SENTENCE
 
 
 def validation_block() -> str:
@@ -691,36 +955,79 @@ def validation_block() -> str:
 
 
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,
-          "releases": releases_block, "inference": inference_block, "cpu-kinds": cpu_kind_block, "gpu": gpu_block,
-          "predict": predict_block, "serve": serve_block,
-          "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
+          "releases": releases_block, "inference": inference_block, "expect": expect_block,
+          "quickstart": quickstart_block, "steps": step_block, "index": index_block, "predict": predict_block,
+          "serve": serve_block, "scaling": scaling_block, "reference": reference_block, "devices": devices_block,
           "containers": containers_block, "contracts": contracts_block, "layers": layers_block,
-          "serving-goals": serving_goals_block, "winograd": winograd_block,
-          "modules": modules_block, "validation": validation_block}
+          "serving-goals": serving_goals_block, "winograd": winograd_block, "modules": modules_block,
+          "validation": validation_block}
+
+
+# Blocks that run a command here rather than read results/: their figures are this machine's (a prediction's
+# confidences differ in the last digit between CPU kinds), so `--check` leaves them out.
+LIVE_BLOCKS = {"predict"}
 
 
 def pages() -> list[Path]:
-    """The pages that may hold generated blocks: the README, then the docs."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """The pages that may hold generated blocks: the README, the docs, and the index of results/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), RESULTS / "README.md"]
 
 
-def main() -> None:
-    texts = {page: page.read_text() for page in pages()}
-    for name, render in BLOCKS.items():
+def render(pages_text: dict[Path, str], skip: set[str]) -> dict[Path, str]:
+    """The pages with every block but `skip` rendered afresh."""
+    texts = dict(pages_text)
+    for name, block_of in BLOCKS.items():
+        if name in skip:
+            continue
         pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
         holders = [page for page, text in texts.items() if pattern.search(text)]
         if len(holders) != 1:
             found = ", ".join(page.relative_to(ROOT).as_posix() for page in holders) or "none of them"
             raise SystemExit(f"the block <!-- {name}:begin --> ... <!-- {name}:end --> must be in exactly one of "
-                             f"README.md and docs/*.md; found in {found}")
+                             f"README.md, docs/*.md and results/README.md; found in {found}")
         page = holders[0]
-        block = render()
+        block = block_of()
         if page.parent.name == "docs":  # the blocks link results/ from the project's root
-            block = block.replace("](results/", "](../results/")
+            block = block.replace("](results/", "](../results/").replace("](docs/", "](")
         texts[page] = pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), texts[page])
+    return texts
+
+
+def stale_pages() -> list[str]:
+    """The pages whose blocks differ from a fresh render of results/ (the live blocks aside), with the first line
+    that differs; the charts of the check are drawn in a scratch folder."""
+    global CHARTS
+    texts = {page: page.read_text() for page in pages()}
+    kept, CHARTS = CHARTS, Path(tempfile.mkdtemp())
+    try:
+        fresh = render(texts, skip=LIVE_BLOCKS)
+    finally:
+        shutil.rmtree(CHARTS)
+        CHARTS = kept
+    stale = []
     for page, text in texts.items():
+        if fresh[page] != text:
+            line = next(new for old, new in zip(text.splitlines() + [""], fresh[page].splitlines() + [""])
+                        if old != new)
+            stale.append(f"{page.relative_to(ROOT).as_posix()}: differs first at {line[:100]!r}")
+    return stale
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming each page that differs from a fresh render")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_pages()
+        if stale:
+            raise SystemExit("stale renders, fix with `python lab/render_readme.py`:\n" + "\n".join(stale))
+        print("every generated block matches results/")
+        return
+    update_provenance()
+    for page, text in render({page: page.read_text() for page in pages()}, skip=set()).items():
         write_text(page, text)
-    print(f"rewrote {', '.join(BLOCKS)} in README.md and docs/")
+    print(f"rewrote {', '.join(BLOCKS)} in README.md, docs/ and results/README.md")
 
 
 if __name__ == "__main__":
