@@ -228,6 +228,11 @@ def device_report(devices: list[str], model_names: list[str], modes: list[str], 
             "skipped": skipped}
 
 
+# A throughput ratio says nothing of accuracy, so it is never printed or recorded without this.
+SPEED_ONLY = ("speed only: these steps measure no accuracy, which a change of precision, device or processes may move; "
+              "`cifarkit speedrun` measures it")
+
+
 def device_table(result: dict) -> str:
     """The device report as a markdown table (also what lab/render_readme.py puts in the README)."""
     lines = ["| device | model | mode | train img/s | epoch | vs CPU fp32 | peak memory | inference img/s |",

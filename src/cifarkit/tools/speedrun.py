@@ -17,6 +17,7 @@ from cifarkit.core.files import portable, write_json
 from cifarkit.tools import benchmark
 from cifarkit.training import plots, train
 from cifarkit.training.config import load_recipe
+from cifarkit.training.tracking import stamp
 
 TIMER_COVERS = ("wall_time_s: from the start of the run (loading the cached uint8 data) through model "
                 "initialization, training, {evals} and the final test evaluation{tta}, to the weights being saved; "
@@ -147,7 +148,7 @@ def run(recipe_name: str, runs: int, target: float, out_dir: Path | None = None,
     walls = [r["wall_time_s"] for r in results]
     evals = "a test evaluation after every epoch" if curve else "no per-epoch evaluation"
     report = {
-        "command": command, "recipe": recipe_name, "overrides": list(overrides), "target": target,
+        **stamp(), "command": command, "recipe": recipe_name, "overrides": list(overrides), "target": target,
         "timer_covers": TIMER_COVERS.format(evals=evals, tta=" with TTA" if recipe.train.tta else ""),
         "accuracy": statistics_against(accuracies, target),
         "wall_time_s": {"mean": statistics.fmean(walls), "max": max(walls), "min": min(walls)},

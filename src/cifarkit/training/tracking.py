@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from cifarkit.core.errors import CifarkitError, first_line
@@ -52,6 +53,12 @@ def git_source() -> dict | None:
     if commit.returncode or status.returncode:
         return None
     return {"commit": commit.stdout.strip(), "modified": bool(status.stdout.strip())}
+
+
+def stamp() -> dict:
+    """When a measurement was written, and the cifarkit commit that made it (None outside a git checkout): what
+    results/README.md shows beside every file."""
+    return {"measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "source": git_source()}
 
 
 def absolute_uri(uri: str) -> str:
