@@ -10,9 +10,9 @@
 # 2. With the real CIFAR-10 at hand (CIFARKIT_DATA, or the cache of `cifarkit data import`): the fast recipe's speed
 #    run on CUDA, 3 seeds, and a timed slice of resnet18-sgd (2 of its 200 epochs) -> OUT_DIR/speedrun-fast-cuda.json,
 #    OUT_DIR/resnet18-sgd-2-epochs.json. Without it they are skipped, and the script says so.
-# 3. Last, with the data and a copy of airbench94_muon.py in the project root (MUON overrides; how to get it: see
-#    lab/compare_reference.py): the reference as its author runs it, compiled with max-autotune, whose warm-up
-#    alone takes minutes -> OUT_DIR/airbench94-muon-cuda.json.
+# 3. Last, with the data and a copy of airbench94_muon.py in the project root (MUON overrides; how to get it:
+#    `cifarkit reference` without --muon prints the command): the reference as its author runs it, compiled with
+#    max-autotune, whose warm-up alone takes minutes -> OUT_DIR/airbench94-muon-cuda.json.
 # DEVICE_CHECK_SKIP_REPORT=1 skips step 1, for a second call in the same lease that brings the data.
 # A step that fails is reported and the next one runs: one lease of a GPU is too short to lose the rest to it.
 # Works from a clone without installing cifarkit: its src/ goes on PYTHONPATH when `import cifarkit` fails.
@@ -61,6 +61,6 @@ if [[ -f "$muon" ]]; then
     step "airbench94_muon on CUDA" "$python" lab/reference_cuda.py --muon "$muon" --runs 3 \
         --json "$out/airbench94-muon-cuda.json"
 else
-    echo "device_check: skipped airbench94_muon: no $muon (see lab/compare_reference.py for how to get it)"
+    echo "device_check: skipped airbench94_muon: no $muon (cifarkit reference without --muon prints how to get it)"
 fi
 summary

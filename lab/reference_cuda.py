@@ -6,7 +6,7 @@ Its own __main__, minus the 200 runs: the model compiled with mode="max-autotune
 (compilation, not timed), then --runs runs with seeds 0, 1, ... Each run's time is its own timer (CUDA events over
 the whitening init, the 8 epochs and the final TTA, its per-epoch evaluations excluded), as its published figure is.
 The data: this machine's CIFAR-10 cache, written as the cifar10/train.pt and test.pt its loader reads first.
-`lab/compare_reference.py` is the CPU comparison; it runs the reference uncompiled, as cifarkit runs there.
+`cifarkit reference` is the CPU comparison; it runs the reference uncompiled, as cifarkit runs there.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_reference import check_muon_file, write_reference_data  # noqa: E402
+from cifarkit.core.errors import CifarkitError
+from cifarkit.tools.reference import check_muon_file, write_reference_data
 
 
 def main() -> None:
@@ -28,14 +28,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed runs after the warm-up (default: 5)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
-    muon_file = check_muon_file(args.muon).resolve()
+    try:
+        muon_file = check_muon_file(args.muon).resolve()
+    except CifarkitError as e:
+        sys.exit(f"reference_cuda: {e}")
 
     import torch
 
     from cifarkit.core import device
     from cifarkit.core.files import write_json
     if not torch.cuda.is_available():
-        sys.exit("reference_cuda: torch sees no CUDA device here; lab/compare_reference.py compares on the CPU")
+        sys.exit("reference_cuda: torch sees no CUDA device here; `cifarkit reference` compares on the CPU")
     spec = importlib.util.spec_from_file_location("airbench94_muon", muon_file)
     muon = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(muon)

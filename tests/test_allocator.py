@@ -69,7 +69,7 @@ def test_the_preloaded_allocator_keeps_freed_memory_for_the_next_allocation():
 
 @pytest.mark.unit
 def test_the_preload_environment_is_the_one_a_training_command_restarts_with():
-    """What scripts that start other programs preload (lab/compare_reference.py): the restart's own choice."""
+    """What commands that start other programs preload (`cifarkit reference`): the restart's own choice."""
     assert allocator.preload_environment({allocator.ENV: "system"}) is None
     library = allocator.find_mimalloc()
     if library is None:

@@ -1,6 +1,8 @@
-"""`cifarkit bench`, `profile` and `speedrun`: training speed, where a step spends it, and timed runs."""
+"""`cifarkit bench`, `profile`, `speedrun` and `reference`: training speed, where a step spends it, timed runs, and
+the published airbench speedruns side by side."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from cifarkit.cli.common import (
@@ -21,8 +23,9 @@ def cmd_bench(args) -> None:
     from cifarkit.core.device import describe, pick_device, report
     from cifarkit.core.files import write_json
     from cifarkit.models import names
-    from cifarkit.tools.benchmark import peak_memory, train_throughput
+    from cifarkit.tools.benchmark import SPEED_ONLY, peak_memory, train_throughput
     from cifarkit.training import distributed
+    from cifarkit.training.tracking import stamp
     if args.nproc:
         _bench_scaling(args)
         return
@@ -46,12 +49,13 @@ def cmd_bench(args) -> None:
     print(f"| model | mode | img/s | vs {modes[0]} |\n|---|---|---:|---:|")
     for r in rows:
         print(f"| {r['model']} | {r['mode']} | {r['images_per_s']:.0f} | {r[f'speedup_vs_{modes[0]}']:.2f}x |")
+    print(SPEED_ONLY)
     if args.json:
         import resource
         usage = resource.getrusage(resource.RUSAGE_SELF)  # the allocator's share shows in page faults and system time
         peak, kind = peak_memory(device)
-        write_json(args.json, {"environment": env, "batch_size": args.batch_size, "steps": args.steps,
-                               "rounds": args.rounds, "results": rows,
+        write_json(args.json, {**stamp(), "environment": env, "accuracy": SPEED_ONLY, "batch_size": args.batch_size,
+                               "steps": args.steps, "rounds": args.rounds, "results": rows,
                                "process": {"minor_page_faults": usage.ru_minflt, "system_s": usage.ru_stime,
                                            "user_s": usage.ru_utime},
                                "peak_memory": {"bytes": peak, "kind": kind}})
@@ -62,8 +66,9 @@ def _bench_devices(args) -> None:
     from cifarkit.core.device import describe, report
     from cifarkit.core.files import write_json
     from cifarkit.models import names
-    from cifarkit.tools.benchmark import AMP, device_report, device_table
+    from cifarkit.tools.benchmark import AMP, SPEED_ONLY, device_report, device_table
     from cifarkit.training.plots import device_speedups
+    from cifarkit.training.tracking import stamp
     result = device_report(args.devices, args.models or names(), args.modes or ["fp32", AMP], args.batch_size,
                            args.steps, args.rounds)
     env = report()
@@ -71,19 +76,22 @@ def _bench_devices(args) -> None:
     print(f"\ntraining and inference per device, batch {args.batch_size}, median of {plural(args.rounds, 'round')} "
           f"of {plural(args.steps, 'step')}, each measured in a process of its own")
     print(device_table(result))
+    print(SPEED_ONLY)
     for what, why in result["skipped"].items():
         print(f"skipped {what}: {why}")
     if args.json:
         chart = Path(args.json).with_suffix(".png")
         device_speedups(result, chart)
-        write_json(args.json, {"environment": env, "command": command_line(args), **result})
+        write_json(args.json, {**stamp(), "environment": env, "command": command_line(args), "accuracy": SPEED_ONLY,
+                               **result})
         print(f"wrote {args.json} and {chart}")
 
 
 def _bench_scaling(args) -> None:
     from cifarkit.core.device import describe, pick_device, report
     from cifarkit.core.files import write_json
-    from cifarkit.tools.benchmark import scaling
+    from cifarkit.tools.benchmark import SPEED_ONLY, scaling
+    from cifarkit.training.tracking import stamp
     device = pick_device(args.device)
     model, mode = (args.models or ["fastnet"])[0], (args.modes or BENCH_MODES)[-1]
     result = scaling(args.nproc, model, mode, device, args.batch_size, args.steps, args.rounds)
@@ -96,8 +104,10 @@ def _bench_scaling(args) -> None:
         print(f"| {r['processes']} | {r['images_per_s']:.0f} | {r['speedup']:.2f}x | {100 * r['efficiency']:.0f}% |")
     print(f"evaluation on rank 0 alone: {result['eval_images_per_s']:.0f} img/s, "
           f"{result['eval_images'] / result['eval_images_per_s']:.1f} s per pass over {result['eval_images']:,} images")
+    print(SPEED_ONLY)
     if args.json:
-        write_json(args.json, {"environment": env, "command": command_line(args), "scaling": result})
+        write_json(args.json, {**stamp(), "environment": env, "command": command_line(args),
+                               "accuracy": SPEED_ONLY, "scaling": result})
         print(f"wrote {args.json}")
 
 
@@ -105,10 +115,11 @@ def cmd_profile(args) -> None:
     from cifarkit.core.files import write_json
     from cifarkit.tools import profiling
     from cifarkit.training.config import load_recipe
+    from cifarkit.training.tracking import stamp
     result = profiling.run(load_recipe(args.recipe or DEFAULT_RECIPE, overrides(args)), args.steps)
     print(profiling.table(result))
     if args.json:
-        write_json(args.json, {"command": command_line(args), **result})
+        write_json(args.json, {**stamp(), "command": command_line(args), **result})
         print(f"wrote {args.json}")
 
 
@@ -127,6 +138,37 @@ def cmd_speedrun(args) -> None:
     if args.json:
         write_json(args.json, {k: v for k, v in report.items() if k != "out_dir"})
         print(f"wrote {args.json}")
+
+
+def cmd_reference(args) -> None:
+    from cifarkit.tools import reference
+    from cifarkit.training.config import check_seed
+    references = args.references or list(reference.REFERENCES)
+    reference.check_references(references)
+    muon_file = reference.check_muon_file(args.muon) if reference.MUON in references else None
+    check_seed(args.first_seed, "--first-seed")
+    check_seed(args.first_seed + args.runs - 1, "the last seed, --first-seed + --runs - 1")
+    reference.check_variant(args.recipe, args.set)
+    result = reference.compare(muon_file=muon_file, references=references, runs=args.runs,
+                               first_seed=args.first_seed, recipe=args.recipe, overrides=args.set,
+                               subset=args.subset, json_path=args.json,
+                               command=_reference_command(args, references, muon_file))
+    print(reference.table(result))
+    if args.json:
+        print(f"wrote {args.json}")
+
+
+def _reference_command(args, references: list[str], muon_file: Path | None) -> str:
+    """The command in full, for the results: every option spelled out (a later default may differ, and the README
+    reads the rounds asked for from --runs), and the user's copy of airbench94_muon by its name alone."""
+    from cifarkit.core.files import portable
+    words = ["cifarkit", "reference", *(["--muon", muon_file.name] if muon_file else []), "--references",
+             *references, "--runs", str(args.runs), "--first-seed", str(args.first_seed), "--recipe", args.recipe]
+    for override in args.set:
+        words += ["--set", override]
+    words += (["--subset", str(args.subset)] if args.subset else []) + (["--json", portable(args.json)]
+                                                                         if args.json else [])
+    return " ".join(map(shlex.quote, words))
 
 
 def register(sub) -> None:
@@ -167,3 +209,25 @@ def register(sub) -> None:
     p.add_argument("--steps", type=bounded(1), default=10, help="steps timed, then as many profiled (default: 10)")
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(func=cmd_profile)
+    p = command(sub, "reference", "time a recipe against the published airbench speedruns in alternating rounds; "
+                                  "each speed-up beside the accuracy difference")
+    p.add_argument("--muon", help="your copy of airbench94_muon.py, one file of "
+                                  "github.com/KellerJordan/cifar10-airbench (not a package, and not in cifarkit: "
+                                  "without it, the error gives the command that downloads it)")
+    p.add_argument("--references", nargs="+", metavar="NAME",
+                   help="the references to run: airbench94_muon, airbench94 (default: both)")
+    p.add_argument("--runs", type=bounded(1), default=3,
+                   help="rounds, each a run of every side, in alternating order (default: 3; 3 or more for an "
+                        "interval worth reading)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="seed of the first round; the others count up (default: 0)")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE,
+                   help=f"cifarkit's side: a built-in recipe name or a YAML path (default: {DEFAULT_RECIPE})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of cifarkit's recipe, as `cifarkit train --set` does (repeatable): time a "
+                        "variant of it")
+    p.add_argument("--subset", type=bounded(1, 50_000, why="CIFAR-10 has 50,000 training images"),
+                   help="train every side on this many images: a check that everything runs, not a comparison")
+    p.add_argument("--json", help="write the results to this file after each round; rounds it already holds with "
+                                  "the same settings are kept, and only the others run")
+    p.set_defaults(func=cmd_reference)

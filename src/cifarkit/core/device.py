@@ -93,6 +93,16 @@ def is_x86() -> bool:
     return machine_name() in ("x86_64", "amd64", "i686", "i386")
 
 
+# Most capable first: the first feature a CPU has names its kind (speed figures are comparable within a kind).
+CPU_KINDS = ("amx", "avx512_bf16", "avx512", "avx2")
+
+
+def cpu_kind(features: list[str] | None = None) -> str:
+    """The CPU's kind for speed tables: its most capable x86 feature of CPU_KINDS; else the machine's name."""
+    features = cpu_features() if features is None else features
+    return next((kind for kind in CPU_KINDS if kind in features), machine_name())
+
+
 @dataclass(frozen=True)
 class Precision:
     name: str  # fp32 | bf16 | fp16

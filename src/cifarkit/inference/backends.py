@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from cifarkit.core import device
+from cifarkit.core.device import CPU_KINDS, cpu_kind  # noqa: F401  (in core: the training side records it too)
 
 BACKENDS = ("torch-fp32", "torch-bf16", "onnxruntime")
 REFERENCE = "torch-fp32"  # the model as trained: every other backend is judged against its predictions
@@ -32,8 +33,6 @@ AGREEMENT_ALONE = 0.999
 FALLBACK_ORDER = ("torch-bf16", "onnxruntime", "torch-fp32")
 # Backends are ranked by the geometric mean of their img/s over the batch sizes measured (1 and 256): a server
 # answers lone requests and full batches, and a backend fast at one and slow at the other serves neither well.
-# Most capable first: the first feature a CPU has names its kind (speed figures are comparable within a kind).
-CPU_KINDS = ("amx", "avx512_bf16", "avx512", "avx2")
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,6 @@ class Choice:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def cpu_kind(features: list[str] | None = None) -> str:
-    """The CPU's kind for speed tables: its most capable x86 feature of CPU_KINDS; else the machine's name."""
-    features = device.cpu_features() if features is None else features
-    return next((kind for kind in CPU_KINDS if kind in features), device.machine_name())
 
 
 def accuracy_figures(inference: dict, kind: str) -> tuple[dict, str]:

@@ -1,7 +1,8 @@
-"""Time `cifarkit train --recipe fast` against the published airbench speedruns on this machine, and write the ratios.
+"""`cifarkit reference`: a recipe (`fast`) against the published airbench speedruns, timed on this machine, each speed
+ratio beside the accuracy difference.
 
     curl -LO https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py
-    python lab/compare_reference.py --muon airbench94_muon.py --runs 3 --json results/compare-reference-avx2.json
+    cifarkit reference --muon airbench94_muon.py --runs 3 --json results/compare-reference-avx2.json
 
 The references, strongest first:
 - airbench94_muon (Jordan, 2024-10: Muon on the conv filters, 8 epochs, batch 2000), whose recipe `fast` adopted.
@@ -38,6 +39,9 @@ init, less its final TTA). Rounds alternate the order of the sides (A B, B A, A 
 spell of this shared machine falls on all of them; the speed-up is the mean of the per-round ratios, with its 95%
 t-interval. Precision, allocator and threads are read from each timed process.
 
+A ratio alone says nothing of what it cost: each one is reported beside the accuracy difference (cifarkit's mean test
+accuracy, as shipped, minus the reference's, with its 95% Welch interval), and the goal's verdict is given in words.
+
 A comparison can take longer than one sitting (a round is two full trainings: 1.5 hours on a 2-core AVX2 CPU). With
 `--json`, the file is written after every round, and a later command with the same settings (the same committed
 src/, reference file, CPU kind, threads, precision and allocator) keeps its rounds and runs only the missing ones:
@@ -46,9 +50,9 @@ its ratio compares two runs made one after the other.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -60,13 +64,31 @@ import venv
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import torch
+import yaml
+
+from cifarkit.artifacts import weights
+from cifarkit.core import allocator, device
+from cifarkit.core.errors import CifarkitError, first_line
+from cifarkit.core.files import write_json
+from cifarkit.data import cifar10
+from cifarkit.tools.speedrun import describe_difference, difference_of_means, mean_with_t_interval, statistics_against
+from cifarkit.training import optim
+from cifarkit.training.config import load_recipe
+from cifarkit.training.engine import evaluate
+
+log = logging.getLogger("cifarkit")
+
+SOURCE = Path(__file__).resolve().parents[2]  # the src/ folder of a checkout: the code a comparison times
 MUON = "airbench94_muon"
 AIRBENCH94 = "airbench94"
+REFERENCES = (MUON, AIRBENCH94)
 AIRBENCH94_PACKAGE = "airbench==0.1.8"
 MUON_URL = "https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py"
 MUON_NAMES = ("CifarNet", "CifarLoader", "Muon", "main", "evaluate", "zeropower_via_newtonschulz5")
 GOAL = 1.3  # issue 31: `fast` at least this many times as fast as airbench94_muon, at equal or better accuracy
+TIMERS = {"whole_process": "launch to exit, imports included",
+          "training": "each side's own clock over its training steps"}
 
 # What both reference processes do first: the CPU in place of CUDA, the machine's precision policy, and a record of
 # what the process really ran. argv: seed, data folder, precision (bf16 | fp32), Newton-Schulz dtype, then the
@@ -168,6 +190,42 @@ report(test_acc, train_time_s)
 """
 
 
+def check_references(names: list[str]) -> None:
+    """Names that are not references fail with the list of those there are."""
+    unknown = [name for name in names if name not in REFERENCES]
+    if unknown:
+        raise CifarkitError(f"--references {' '.join(unknown)}: no such reference; choose from {', '.join(REFERENCES)}")
+
+
+def check_muon_file(path: str | None) -> Path:
+    """The user's copy of airbench94_muon.py, or an error that says how to get it."""
+    fetch = f"download it with `curl -LO {MUON_URL}` and pass --muon airbench94_muon.py"
+    if path is None:
+        raise CifarkitError(f"airbench94_muon is the first reference and is not a package: {fetch} (or run "
+                            f"--references {AIRBENCH94} alone)")
+    file = Path(path)
+    if not file.is_file():
+        raise CifarkitError(f"--muon {path}: no such file; {fetch}")
+    text = file.read_text(errors="replace")
+    missing = [name for name in MUON_NAMES if f"def {name}" not in text and f"class {name}" not in text]
+    if missing:
+        raise CifarkitError(f"--muon {path} does not look like airbench94_muon.py (no {', '.join(missing)}); {fetch}")
+    return file
+
+
+def variant(recipe: str, overrides: list[str]) -> str:
+    """cifarkit's side as its command line names it: the recipe, and what --set changes in it."""
+    return " ".join([f"--recipe {recipe}", *(f"--set {override}" for override in overrides)])
+
+
+def check_variant(recipe: str, overrides: list[str]) -> None:
+    """A bad key or value of cifarkit's side fails here, not in the first round's training process."""
+    try:
+        load_recipe(recipe, overrides)
+    except CifarkitError as e:
+        raise CifarkitError(f"{variant(recipe, overrides)}: {e}") from None
+
+
 def round_orders(sides: list[str], rounds: int) -> list[list[str]]:
     """The order of the sides in each round, reversed every other round: A B, B A, A B, ... (ABBA for two sides)."""
     return [list(sides) if r % 2 == 0 else list(reversed(sides)) for r in range(rounds)]
@@ -175,25 +233,8 @@ def round_orders(sides: list[str], rounds: int) -> list[list[str]]:
 
 def ratio_statistics(ratios: list[float]) -> dict:
     """Mean of per-round ratios with its 95% t-interval (None for fewer than 2 rounds)."""
-    from cifarkit.tools.speedrun import mean_with_t_interval
     mean, interval = mean_with_t_interval(ratios)
     return {"per_round": ratios, "mean": mean, "ci95": interval}
-
-
-def check_muon_file(path: str | None) -> Path:
-    """The user's copy of airbench94_muon.py, or an error that says how to get it."""
-    fetch = f"download it with `curl -LO {MUON_URL}` and pass --muon airbench94_muon.py"
-    if path is None:
-        sys.exit(f"airbench94_muon is the first reference and is not a package: {fetch} (or run "
-                 f"--references {AIRBENCH94} alone)")
-    file = Path(path)
-    if not file.is_file():
-        sys.exit(f"--muon {path}: no such file; {fetch}")
-    text = file.read_text(errors="replace")
-    missing = [name for name in MUON_NAMES if f"def {name}" not in text and f"class {name}" not in text]
-    if missing:
-        sys.exit(f"--muon {path} does not look like airbench94_muon.py (no {', '.join(missing)}); {fetch}")
-    return file
 
 
 def reference_python(folder: Path) -> Path:
@@ -211,9 +252,6 @@ def write_reference_data(folder: Path, subset: int | None) -> None:
     """CIFAR-10 from cifarkit's cache in the layout the references' loaders read before they would download:
     N x 32 x 32 x 3 uint8, as torchvision's CIFAR10.data holds them. `subset`: that many training images,
     class-balanced, as cifarkit's --subset draws them."""
-    import torch
-
-    from cifarkit.data import cifar10
     dataset = cifar10.load()
     train_x, train_y = dataset.train_x, dataset.train_y
     if subset:
@@ -226,32 +264,27 @@ def write_reference_data(folder: Path, subset: int | None) -> None:
 
 
 def timed(command: list[str], env: dict) -> tuple[float, str]:
+    """(seconds from launch to exit, stdout) of `command`, run to its end."""
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        sys.exit(f"{' '.join(command[:4])} ... failed:\n{done.stderr[-3000:]}")
+        log.error("%s", done.stderr[-3000:])
+        raise CifarkitError(f"{' '.join(command[:4])} ... failed with exit status {done.returncode} (its last "
+                            f"messages are above); fix what they name and run the same command again")
     return seconds, done.stdout
 
 
 def six_view_accuracy(run_dir: Path, precision_name: str) -> float:
     """The test accuracy of a run's weights with 6 views of every image, the references' TTA, in `precision_name`."""
-    import torch
-
-    from cifarkit.artifacts import weights
-    from cifarkit.core import device
-    from cifarkit.data import cifar10
-    from cifarkit.training.engine import evaluate
     model, meta = weights.load_weights(run_dir / "model.safetensors")
-    cpu = torch.device("cpu")
     dataset = cifar10.load()
     result = evaluate(model.to(memory_format=torch.channels_last), dataset.test_x, dataset.test_y, meta["mean"],
-                      meta["std"], cpu, device.PRECISIONS[precision_name], tta=True, tta_share=1.0)
+                      meta["std"], torch.device("cpu"), device.PRECISIONS[precision_name], tta=True, tta_share=1.0)
     return result["acc"]
 
 
 def cifarkit_run(recipe: str, overrides: list[str], seed: int, subset: int | None, folder: Path, env: dict) -> dict:
-    import yaml
     command = [sys.executable, "-m", "cifarkit", "train", "--recipe", recipe, "--seed", str(seed), "--out",
                str(folder)] + (["--subset", str(subset)] if subset else [])
     for override in overrides:
@@ -265,45 +298,17 @@ def cifarkit_run(recipe: str, overrides: list[str], seed: int, subset: int | Non
             "allocator": run["allocator"], "threads": run["threads"]}
 
 
-def side_summary(runs: list[dict], with_six_views: bool) -> dict:
-    from cifarkit.tools.speedrun import statistics_against
-    summary = {"accuracy": statistics_against([r["test_acc"] for r in runs], 0.94),
-               "wall_time_s": statistics.fmean(r["wall_time_s"] for r in runs),
-               "train_time_s": statistics.fmean(r["train_time_s"] for r in runs), "runs": runs}
-    if with_six_views:
-        summary["accuracy_6_views"] = statistics_against([r["test_acc_6_views"] for r in runs], 0.94)
-    return summary
-
-
-def variant(recipe: str, overrides: list[str]) -> str:
-    """cifarkit's side as its command line names it: the recipe, and what --set changes in it."""
-    return " ".join([f"--recipe {recipe}", *(f"--set {override}" for override in overrides)])
-
-
-def print_table(result: dict) -> None:
-    ours = result["cifarkit"]
-    print("| side | runs | test acc (its TTA) | test acc (6 views) | whole process | training | speed-up, whole "
-          "(95% CI) | speed-up, training (95% CI) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| cifarkit {variant(result['recipe'], result['overrides'])} | {ours['accuracy']['n']} | "
-          f"{100 * ours['accuracy']['mean']:.2f}% | {100 * ours['accuracy_6_views']['mean']:.2f}% | "
-          f"{ours['wall_time_s']:.1f} s | {ours['train_time_s']:.1f} s | | |")
-    for name, side in result["references"].items():
-        cells = []
-        for timer in ("whole_process", "training"):
-            ratio = side["speedup"][timer]
-            interval = f" ({ratio['ci95'][0]:.2f}-{ratio['ci95'][1]:.2f})" if ratio["ci95"] else ""
-            cells.append(f"{ratio['mean']:.2f}x{interval}")
-        print(f"| {name} | {side['accuracy']['n']} | | {100 * side['accuracy']['mean']:.2f}% | "
-              f"{side['wall_time_s']:.1f} s | {side['train_time_s']:.1f} s | {cells[0]} | {cells[1]} |")
-
-
 def code_version() -> dict:
     """The cifarkit code a run times: the commit, the git tree of src/ (recipes included), and whether src/ differs
     from it (then no later command may add rounds: the code could not be shown to be the same)."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-    return {"commit": git("rev-parse", "--short", "HEAD"), "src_tree": git("rev-parse", "HEAD:src"),
-            "src_modified": bool(git("status", "--porcelain", "src"))}
+        return subprocess.run(["git", *args], cwd=SOURCE, check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "--short", "HEAD"), "src_tree": git("rev-parse", "HEAD:./"),
+                "src_modified": bool(git("status", "--porcelain", "."))}
+    except (OSError, subprocess.CalledProcessError):
+        raise CifarkitError(f"the results name the commit of the code they time, and {SOURCE} is not the src/ folder "
+                            f"of a git checkout; run cifarkit from a checkout (`pip install -e .` in it)") from None
 
 
 def kept_rounds(json_path: str | None, settings: dict) -> list[dict]:
@@ -313,23 +318,45 @@ def kept_rounds(json_path: str | None, settings: dict) -> list[dict]:
     commit the comparison began at rather than a later one whose src/ is the same."""
     if not json_path or not Path(json_path).is_file():
         return []
-    previous = json.loads(Path(json_path).read_text())
+    try:
+        previous = json.loads(Path(json_path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CifarkitError(f"--json {json_path} is not a comparison's results ({first_line(e)}); give another "
+                            f"--json, or delete the file to start again") from None
     earlier = previous.get("settings")
     if earlier is None:
-        sys.exit(f"--json {json_path} was written by an earlier version of this script, which did not record what "
-                 f"its rounds ran; give another --json, or delete the file to start again")
+        raise CifarkitError(f"--json {json_path} was written by an earlier version of the comparison, which did not "
+                            f"record what its rounds ran; give another --json, or delete the file to start again")
     if earlier["code"]["src_modified"] or settings["code"]["src_modified"]:
-        sys.exit(f"--json {json_path}: src/ has uncommitted changes (then or now), so its rounds cannot be shown to "
-                 f"time the same code; commit them, then give another --json or delete the file")
+        raise CifarkitError(f"--json {json_path}: src/ has uncommitted changes (then or now), so its rounds cannot be "
+                            f"shown to time the same code; commit them, then give another --json or delete the file")
     differing = sorted(key for key in settings.keys() | earlier.keys()
                        if key != "code" and settings.get(key) != earlier.get(key))
     if earlier["code"]["src_tree"] != settings["code"]["src_tree"]:
         differing.insert(0, f"src/ (commit {earlier['code']['commit']} then, {settings['code']['commit']} now)")
     if differing:
-        sys.exit(f"--json {json_path} holds rounds of another comparison (it differs in {', '.join(differing)}); "
-                 f"give another --json, or delete the file to start again")
+        raise CifarkitError(f"--json {json_path} holds rounds of another comparison (it differs in "
+                            f"{', '.join(differing)}); give another --json, or delete the file to start again")
     settings["code"] = earlier["code"]
     return previous["rounds"]
+
+
+def accuracy_difference(ours: list[dict], theirs: list[dict]) -> dict:
+    """cifarkit's mean test accuracy, as shipped, minus a reference's, with its 95% Welch interval."""
+    return difference_of_means([r["test_acc"] for r in ours], [r["test_acc"] for r in theirs])
+
+
+def round_lines(rounds: list[dict], references: list[str]) -> list[str]:
+    """The last round's ratio against each reference, beside the accuracy difference over the rounds so far."""
+    ours = [r["runs"]["cifarkit"] for r in rounds]
+    lines = []
+    for name in references:
+        theirs = [r["runs"][name] for r in rounds]
+        whole, training = (theirs[-1][key] / ours[-1][key] for key in ("wall_time_s", "train_time_s"))
+        lines.append(f"round {len(rounds)}: cifarkit {whole:.2f}x as fast as {name}, whole process ({training:.2f}x "
+                     f"training); mean accuracy over {len(rounds)} round(s), cifarkit minus {name}: "
+                     f"{describe_difference(accuracy_difference(ours, theirs))}")
+    return lines
 
 
 def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed: int, run_side, save,
@@ -341,15 +368,27 @@ def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed:
         seed, rows = first_seed + number, {}
         for side in order:
             row = rows[side] = run_side(side, seed)
-            print(f"round {number + 1}, {side} seed {seed}: {100 * row['test_acc']:.2f}%, {row['wall_time_s']:.1f} "
-                  f"s whole, {row['train_time_s']:.1f} s training", file=sys.stderr)
+            log.info("round %d, %s seed %d: %.2f%%, %.1f s whole, %.1f s training", number + 1, side, seed,
+                     100 * row["test_acc"], row["wall_time_s"], row["train_time_s"])
         rounds.append({"seed": seed, "order": order, "runs": rows, "commit": commit,
                        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        for line in round_lines(rounds, [side for side in sides if side != "cifarkit"]):
+            log.info(line)
         save()
 
 
+def side_summary(runs: list[dict], with_six_views: bool) -> dict:
+    summary = {"accuracy": statistics_against([r["test_acc"] for r in runs], 0.94),
+               "wall_time_s": statistics.fmean(r["wall_time_s"] for r in runs),
+               "train_time_s": statistics.fmean(r["train_time_s"] for r in runs), "runs": runs}
+    if with_six_views:
+        summary["accuracy_6_views"] = statistics_against([r["test_acc_6_views"] for r in runs], 0.94)
+    return summary
+
+
 def summarize(rounds: list[dict], references: list[str], muon_file: Path | None) -> dict:
-    """Each side's accuracy and times over the rounds, and each reference's per-round speed-up ratios."""
+    """Each side's accuracy and times over the rounds, and each reference's per-round speed-up ratios beside the
+    accuracy difference."""
     ours = [r["runs"]["cifarkit"] for r in rounds]
     summary = {"orders": [r["order"] for r in rounds], "cifarkit": side_summary(ours, with_six_views=True),
                "references": {}}
@@ -358,125 +397,122 @@ def summarize(rounds: list[dict], references: list[str], muon_file: Path | None)
         side = side_summary(theirs, with_six_views=False)
         side["speedup"] = {timer: ratio_statistics([t[key] / m[key] for t, m in zip(theirs, ours)])
                            for timer, key in (("whole_process", "wall_time_s"), ("training", "train_time_s"))}
+        side["accuracy_difference"] = accuracy_difference(ours, theirs)
         side["source"] = (f"{muon_file.name}, sha256 {hashlib.sha256(muon_file.read_bytes()).hexdigest()}"
                           if name == MUON else AIRBENCH94_PACKAGE)
         summary["references"][name] = side
     return summary
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--muon", help="path of a local copy of airbench94_muon.py (see above for how to get it)")
-    parser.add_argument("--references", nargs="+", choices=[MUON, AIRBENCH94], default=[MUON, AIRBENCH94],
-                        help=f"which references to run (default: {MUON} {AIRBENCH94})")
-    parser.add_argument("--runs", type=int, default=3, help="runs of each side, in alternating rounds (default: 3)")
-    parser.add_argument("--first-seed", type=int, default=0, help="seed of the first round (default: 0)")
-    parser.add_argument("--recipe", default="fast", help="cifarkit's side (default: fast)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                        help="override a field of cifarkit's recipe, as `cifarkit train --set` does (repeatable): "
-                             "time a variant of it")
-    parser.add_argument("--subset", type=int, help="train every side on this many images: a check that everything "
-                                                   "runs, not a comparison")
-    parser.add_argument("--json", help="write the results to this file after each round; rounds it already holds "
-                                       "with the same settings are kept, and only the others run")
-    args = parser.parse_args()
-    muon_file = check_muon_file(args.muon) if MUON in args.references else None
-    if args.runs < 1:
-        sys.exit(f"--runs {args.runs}: give 1 or more (3 or more for a confidence interval worth reading)")
-    from cifarkit.core.errors import CifarkitError
-    from cifarkit.training.config import load_recipe
-    try:  # a bad key or value fails here, not in the first round's training process
-        load_recipe(args.recipe, args.overrides)
-    except CifarkitError as e:
-        sys.exit(f"{variant(args.recipe, args.overrides)}: {e}")
+def verdict(references: dict, subset: int | None) -> str:
+    """The goal's verdict in words: "met", "not met: " and why, or "not judged: " where the rounds cannot say."""
+    if subset:
+        return f"not judged: trained on {subset:,} images only, a check that every side runs"
+    if MUON not in references:
+        return f"not judged: the goal is against {MUON}, which this comparison did not run"
+    muon = references[MUON]
+    speedup, difference = muon["speedup"]["whole_process"]["mean"], muon["accuracy_difference"]["difference"]
+    shortfalls = ([f"{speedup:.2f}x as fast, under {GOAL}x"] if speedup < GOAL else []) + (
+        [f"mean accuracy {-100 * difference:.2f} points lower"] if difference < 0 else [])
+    return ("not met: " + " and ".join(shortfalls)) if shortfalls else "met"
 
-    import torch
 
-    from cifarkit.core import allocator, device
-    from cifarkit.core.files import portable, write_json
-    from cifarkit.inference import backends
-    from cifarkit.tools.speedrun import describe_difference, difference_of_means
-    from cifarkit.training import optim
+def results(rounds: list[dict], settings: dict, environment: dict, command: str, muon_file: Path | None) -> dict:
+    """The results file: what ran, where and when, each side over the rounds, and the goal's verdict."""
+    summary = summarize(rounds, settings["references"], muon_file)
+    return {"command": command, "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "verdict": verdict(summary["references"], settings["subset"]), "cpu_kind": settings["cpu_kind"],
+            "recipe": settings["recipe"], "overrides": settings.get("overrides", []), "subset": settings["subset"],
+            "precision_policy": settings["precision_policy"], "newton_schulz_dtype": settings["newton_schulz_dtype"],
+            "preloaded_by_all": settings["preloaded_by_all"], "timers": TIMERS, **summary,
+            "environment": environment, "settings": settings, "rounds": rounds}
+
+
+def table(result: dict) -> str:
+    """The results as the command prints them: every ratio beside the accuracy difference, then the goal's verdict."""
+    ours, side = result["cifarkit"], variant(result["recipe"], result.get("overrides") or [])
+    lines = ["| side | runs | test acc (its TTA) | test acc (6 views) | whole process | training | speed-up, whole "
+             "(95% CI) | speed-up, training (95% CI) | mean accuracy, cifarkit minus it |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+             f"| cifarkit {side} | {ours['accuracy']['n']} | {100 * ours['accuracy']['mean']:.2f}% | "
+             f"{100 * ours['accuracy_6_views']['mean']:.2f}% | {ours['wall_time_s']:.1f} s | "
+             f"{ours['train_time_s']:.1f} s | | | |"]
+    for name, reference in result["references"].items():
+        cells = []
+        for timer in ("whole_process", "training"):
+            ratio = reference["speedup"][timer]
+            interval = f" ({ratio['ci95'][0]:.2f}-{ratio['ci95'][1]:.2f})" if ratio["ci95"] else ""
+            cells.append(f"{ratio['mean']:.2f}x{interval}")
+        lines.append(f"| {name} | {reference['accuracy']['n']} | | {100 * reference['accuracy']['mean']:.2f}% | "
+                     f"{reference['wall_time_s']:.1f} s | {reference['train_time_s']:.1f} s | {cells[0]} | "
+                     f"{cells[1]} | {describe_difference(reference['accuracy_difference'])} |")
+    lines.append("")
+    for name, reference in result["references"].items():
+        lines.append(f"{side} against {name}: {reference['speedup']['whole_process']['mean']:.2f}x as fast (whole "
+                     f"process), mean test accuracy {describe_difference(reference['accuracy_difference'])}")
+    lines.append(f"goal ({side} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
+                 f"{result['verdict']}")
+    return "\n".join(lines)
+
+
+def _reference_drivers(scratch: Path, references: list[str], muon_file: Path | None) -> dict[str, list[str]]:
+    """Each reference's command line before its run's arguments: its python and its driver, written into `scratch`.
+    The muon driver's own argument, the user's file, goes after the run's (see PRELUDE)."""
+    prelude = f"ALLOCATORS = {allocator.NAMES!r}\n" + PRELUDE
+    drivers = {}
+    if MUON in references:
+        (scratch / "muon_driver.py").write_text(prelude + MUON_DRIVER)
+        drivers[MUON] = [sys.executable, str(scratch / "muon_driver.py")]
+    if AIRBENCH94 in references:
+        log.info("installing %s into a temporary venv", AIRBENCH94_PACKAGE)
+        (scratch / "airbench94_driver.py").write_text(prelude + AIRBENCH94_DRIVER)
+        drivers[AIRBENCH94] = [str(reference_python(scratch / "venv")), str(scratch / "airbench94_driver.py")]
+    return drivers
+
+
+def compare(*, muon_file: Path | None, references: list[str], runs: int, first_seed: int, recipe: str,
+            overrides: list[str], subset: int | None, json_path: str | None, command: str) -> dict:
+    """The comparison's results, after running the rounds that `json_path` (when given, written after every round)
+    does not hold yet."""
     cpu = torch.device("cpu")
     precision = device.pick_precision("auto", cpu).name
     newton_schulz = str(optim.newton_schulz_dtype(cpu)).removeprefix("torch.")
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.TRIED)}
     reference_env = allocator.preload_environment(env) or env  # what cifarkit's own restart preloads
     environment = device.report(cpu)
-    settings = {"recipe": args.recipe, "references": args.references, "first_seed": args.first_seed,
-                "subset": args.subset, "cpu_kind": backends.cpu_kind(), "processor": environment["processor"],
+    settings = {"recipe": recipe, "references": references, "first_seed": first_seed, "subset": subset,
+                "cpu_kind": device.cpu_kind(), "processor": environment["processor"],
                 "cpu_model": environment.get("cpu_model"), "threads": torch.get_num_threads(),
                 "precision_policy": precision, "newton_schulz_dtype": newton_schulz,
                 "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
                 "muon_sha256": hashlib.sha256(muon_file.read_bytes()).hexdigest() if muon_file else None,
                 "code": code_version()}
-    if args.overrides:  # only where given: the files written before --set existed hold no such key
-        settings["overrides"] = args.overrides
+    if overrides:  # only where given: the files written before --set existed hold no such key
+        settings["overrides"] = overrides
     checkout = settings["code"]["commit"]  # before kept_rounds, which may name the comparison's first commit there
-    rounds = kept_rounds(args.json, settings)
+    rounds = kept_rounds(json_path, settings)
     if rounds:
-        print(f"keeping {len(rounds)} round(s) from {args.json} (the last finished {rounds[-1]['finished']})",
-              file=sys.stderr)
-    sides = ["cifarkit", *args.references]
-    command = "python lab/compare_reference.py " + " ".join(
-        ([f"--muon {muon_file.name}"] if muon_file else []) + [f"--references {' '.join(args.references)}",
-         f"--runs {args.runs}", f"--first-seed {args.first_seed}", variant(args.recipe, args.overrides)]
-        + ([f"--subset {args.subset}"] if args.subset else []) + ([f"--json {portable(args.json)}"]
-                                                                   if args.json else []))
+        log.info("keeping %d round(s) from %s (the last finished %s)", len(rounds), json_path, rounds[-1]["finished"])
 
-    def result() -> dict:
-        return {"command": command, "measured": rounds[-1]["finished"], "cpu_kind": settings["cpu_kind"],
-                "recipe": args.recipe, "overrides": args.overrides, "subset": args.subset,
-                "precision_policy": precision,
-                "newton_schulz_dtype": newton_schulz, "preloaded_by_all": settings["preloaded_by_all"],
-                "timers": {"whole_process": "launch to exit, imports included",
-                           "training": "each side's own clock over its training steps"},
-                **summarize(rounds, args.references, muon_file), "environment": environment, "settings": settings,
-                "rounds": rounds}
+    def save() -> dict:
+        result = results(rounds, settings, environment, command, muon_file)
+        if json_path:
+            write_json(json_path, result)
+        return result
 
     with tempfile.TemporaryDirectory(prefix="cifarkit-reference-") as scratch:
         scratch = Path(scratch)
-        write_reference_data(scratch / "data" / "cifar10", args.subset)
-        prelude = f"ALLOCATORS = {allocator.NAMES!r}\n" + PRELUDE
-        pythons, drivers = {}, {}
-        if MUON in sides:
-            pythons[MUON] = Path(sys.executable)
-            drivers[MUON] = (scratch / "muon_driver.py", MUON_DRIVER, [str(muon_file.resolve())])
-        if AIRBENCH94 in sides:
-            print(f"installing {AIRBENCH94_PACKAGE} into a temporary venv", file=sys.stderr)
-            pythons[AIRBENCH94] = reference_python(scratch / "venv")
-            drivers[AIRBENCH94] = (scratch / "airbench94_driver.py", AIRBENCH94_DRIVER, [])
-        for path, body, _ in drivers.values():
-            path.write_text(prelude + body)
+        data = scratch / "data"
+        write_reference_data(data / "cifar10", subset)
+        drivers = _reference_drivers(scratch, references, muon_file)
 
         def run_side(side: str, seed: int) -> dict:
             if side == "cifarkit":
-                return cifarkit_run(args.recipe, args.overrides, seed, args.subset, scratch / f"cifarkit-{seed}",
-                                    env)
-            path, _, extra = drivers[side]
-            seconds, out = timed([str(pythons[side]), str(path), str(seed), str(scratch / "data"), precision,
-                                  newton_schulz, *extra], reference_env)
+                return cifarkit_run(recipe, overrides, seed, subset, scratch / f"cifarkit-{seed}", env)
+            own = [str(muon_file.resolve())] if side == MUON else []
+            seconds, out = timed([*drivers[side], str(seed), str(data), precision, newton_schulz, *own],
+                                 reference_env)
             return {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
 
-        complete_rounds(rounds, sides, args.runs, args.first_seed, run_side,
-                        save=lambda: write_json(args.json, result()) if args.json else None, commit=checkout)
-
-    final = result()
-    if args.json:  # also when every round was kept: the file then names the code as the rounds' first command did
-        write_json(args.json, final)
-    print_table(final)
-    if MUON in args.references and not args.subset:
-        muon, mine = final["references"][MUON], final["cifarkit"]
-        met = muon["speedup"]["whole_process"]["mean"] >= GOAL and \
-            mine["accuracy"]["mean"] >= muon["accuracy"]["mean"]
-        side = variant(args.recipe, args.overrides)
-        print(f"goal ({side} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
-              f"{'met' if met else 'not met'}")
-        difference = difference_of_means([r["test_acc"] for r in mine["runs"]], [r["test_acc"] for r in muon["runs"]])
-        print(f"mean accuracy, {side} minus {MUON}: {describe_difference(difference)}")
-    if args.json:
-        print(f"wrote {args.json}")
-
-
-if __name__ == "__main__":
-    main()
+        complete_rounds(rounds, ["cifarkit", *references], runs, first_seed, run_side, save, commit=checkout)
+    return save()  # also when every round was kept: the file then names the code as the rounds' first command did
