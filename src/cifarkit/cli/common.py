@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 
 from cifarkit.core.errors import CifarkitError
 
@@ -24,12 +25,13 @@ def plural(count: int, noun: str) -> str:
 
 def command_line(args: argparse.Namespace) -> str:
     """The command as typed, for a results file that may be committed: an absolute path (alone or after `--opt=`)
-    becomes relative to the working folder, or just its name, as every path such a file records."""
+    becomes relative to the working folder, or just its name, as every path such a file records; a word that a shell
+    would split or expand (`train.group_train_epochs=[4]`) is quoted, so that the line can be pasted back."""
     from cifarkit.core.files import portable
 
     def shareable(word: str) -> str:
         option, equals, value = word.rpartition("=") if word.startswith("--") else ("", "", word)
-        return option + equals + (portable(value) if os.path.isabs(value) else value)
+        return shlex.quote(option + equals + (portable(value) if os.path.isabs(value) else value))
     return " ".join(["cifarkit", *map(shareable, args.argv)])
 
 

@@ -1,4 +1,5 @@
-"""`cifarkit train` and `cifarkit eval`: a recipe trained into a run folder, and weights measured."""
+"""`cifarkit train`, `eval` and `validate`: a recipe trained into a run folder, weights measured, and recipe variants
+compared on a validation split."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +11,7 @@ from cifarkit.cli.common import (
     add_recipe_options,
     bounded,
     command,
+    command_line,
     overrides,
     print_json,
 )
@@ -58,6 +60,18 @@ def cmd_eval(args) -> None:
     print(f"confusion matrix: {result['confusion_png']}")
 
 
+def cmd_validate(args) -> None:
+    from cifarkit.core.files import write_json
+    from cifarkit.tools import validation
+    from cifarkit.training.config import check_seed
+    for seed in args.seeds:
+        check_seed(seed, "--seeds")
+    report = validation.run(args.recipe, args.variant, args.seeds, args.val_split, Path(args.runs_dir))
+    print("\n".join(report["table"]))
+    write_json(args.json, {"command": command_line(args), **report})
+    print(f"wrote {args.json}")
+
+
 def register(sub) -> None:
     """Adds this group's commands to the `cifarkit` parser's subcommands."""
     p = command(sub, "train", f"train a recipe (default: {DEFAULT_RECIPE}) into a run folder")
@@ -80,3 +94,20 @@ def register(sub) -> None:
     p.add_argument("--figure", help="confusion-matrix figure, .png/.jpg/.pdf/.svg (default: confusion.png beside a "
                                     "run's weights; confusion_version_NAME.png here for a release)")
     p.set_defaults(func=cmd_eval)
+    p = command(sub, "validate", "train recipe variants on a validation split, seed by seed, and compare each with the "
+                                 "first (never reads the test set)")
+    p.add_argument("--recipe", default=DEFAULT_RECIPE,
+                   help=f"built-in recipe name or YAML path that every variant starts from (default: {DEFAULT_RECIPE})")
+    p.add_argument("--val-split", type=bounded(1, why="images held out to validate on"), default=5000, metavar="N",
+                   help="training images held out (data.val_split; default: 5000)")
+    p.add_argument("--seeds", type=bounded(0), nargs="+", default=[0, 1], metavar="SEED",
+                   help="seeds to train every variant on; each variant is compared with the first on the same seed "
+                        "(default: 0 1)")
+    p.add_argument("--variant", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
+                   help="a name and its recipe overrides (repeatable); the first variant is the one the others are "
+                        "read against")
+    p.add_argument("--runs-dir", default="runs/validation",
+                   help="folder of the runs, one NAME-sSEED folder each; finished runs there are read, not trained "
+                        "again (default: runs/validation)")
+    p.add_argument("--json", required=True, help="where to write the table, the runs' figures and the command")
+    p.set_defaults(func=cmd_validate)

@@ -1,1 +1,2 @@
-"""Measurements: training and inference benchmarks, the profiler and timed speed runs."""
+"""Measurements: training and inference benchmarks, the profiler, timed speed runs, recipe variants compared on a
+validation split, and the load test of `cifarkit serve`."""
