@@ -1,38 +1,45 @@
-"""lab/bench_serve.py for real, but tiny: three `cifarkit serve` processes on loopback, a few hundred requests
-each from the script's own client, a 3-second soak; the JSON it writes, its table, and the README block rendered
-from that JSON. And the client alone, against a stub server that drops connections."""
+"""`cifarkit bench-serve` for real, but tiny: three `cifarkit serve` processes on loopback, a few hundred requests
+each from its own client, a 3-second soak, and the JSON and table it writes; then against a server that runs
+(`--url`), the errors a bad --url gets, and the client alone, against a stub server that drops connections."""
 from __future__ import annotations
 
 import http.server
 import json
+import re
+import shlex
+import socket
 import subprocess
 import sys
 import threading
+from dataclasses import fields
+from datetime import datetime
 
 import pytest
 
-from cifarkit.inference import backends
-from conftest import ROOT, load_script
+from cifarkit.cli import main, options
+from cifarkit.cli.serving import BENCH_SETTINGS
+from cifarkit.tools.bench_serve import BenchSettings, load
+from conftest import ROOT
+from servers import running_server
 
-pytestmark = pytest.mark.e2e
-
-SCRIPT = ROOT / "lab" / "bench_serve.py"
 REQUESTS = 200
 LEVELS = (1, 8)
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    """One run of the script: (its JSON, its stdout, the path it wrote)."""
+    """One run of the command: (its JSON, its stdout, the path it wrote)."""
     out = tmp_path_factory.mktemp("bench") / "serve-bench.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--requests", str(REQUESTS), "--concurrency", *map(str, LEVELS),
-         "--warmup", "20", "--overload-queue", "4", "--soak-s", "3", "--serve-args", "--threads 1", "--out", str(out)],
+        [sys.executable, "-m", "cifarkit", "bench-serve", "--requests", str(REQUESTS), "--concurrency",
+         *map(str, LEVELS), "--warmup", "20", "--overload-queue", "4", "--soak-s", "3", "--serve-args", "--threads 1",
+         "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text()), done.stdout, out
 
 
+@pytest.mark.e2e
 def test_every_level_is_measured(bench):
     report, _, _ = bench
     servers = report["servers"]
@@ -57,6 +64,7 @@ def test_every_level_is_measured(bench):
                 assert level["by_status"]["200"]["p99_ms"] == level["p99_ms"], where
 
 
+@pytest.mark.e2e
 def test_batch_sizes(bench):
     report, _, _ = bench
     servers = report["servers"]
@@ -70,6 +78,7 @@ def test_batch_sizes(bench):
     assert sum(eight["batches"]["distribution"].values()) == eight["batches"]["count"]
 
 
+@pytest.mark.e2e
 def test_start_memory_and_exit(bench):
     report, _, _ = bench
     for name, server in report["servers"].items():
@@ -77,9 +86,10 @@ def test_start_memory_and_exit(bench):
         assert server["ready_memory"]["rss_mib"] > 50, name
         assert server["final_memory"]["peak_rss_mib"] >= server["ready_memory"]["rss_mib"], name
         assert server["exit_code"] == 0 and server["said_stopped"] and not server["killed"], name
-        assert server["served"]["name"] == "B", name
+        assert server["served"]["name"] == "B" and server["model_threads"] == 1, name
 
 
+@pytest.mark.e2e
 def test_overload_and_soak(bench):
     report, _, _ = bench
     over = report["servers"]["overload"]
@@ -104,39 +114,96 @@ def test_overload_and_soak(bench):
         assert goal["met"] == all(v for k, v in goal.items() if k.endswith("_met")), name
 
 
-def test_summary_table_and_portability(bench):
+@pytest.mark.e2e
+def test_summary_table_and_provenance(bench):
     report, stdout, out = bench
     rows = {row["concurrency"]: row for row in report["summary"]["levels"]}
     assert set(rows) == set(LEVELS)
     for row in rows.values():
         assert row["ratio"] == round(row["batched_req_per_s"] / row["unbatched_req_per_s"], 2)
     assert "| batched | 8 |" in stdout and "| unbatched | 1 |" in stdout and "| overload | 256 |" in stdout
-    assert report["image"]["sent"] == "32 x 32 PNG" and report["image"]["source"] == "examples/images/cat.png"
+    assert stdout.rstrip().endswith(f"wrote {out.name}")
+    assert report["image"]["sent"] == "32 x 32 PNG"
+    assert report["image"]["source"] == "cifarkit/serving/web/examples/cat.png"  # the same on every machine
     assert "HTTP/1.1 keep-alive" in report["client"]["tool"]
     text = out.read_text()
     for path in (str(ROOT), str(out.parent), sys.prefix):
         assert path not in text, f"{path} written into the JSON"
+    # The command as typed, pasted back word for word: --serve-args stays one word.
+    command = shlex.split(report["command"])
+    assert command[:2] == ["cifarkit", "bench-serve"] and command[command.index("--serve-args") + 1] == "--threads 1"
     assert report["command"].endswith(f"--out {out.name}")
+    assert datetime.fromisoformat(report["measured"]).utcoffset().total_seconds() == 0
+    assert re.fullmatch(r"[0-9a-f]{40}", report["source"]["commit"])  # the tests run in a git checkout
     assert report["model_alone"]["threads"] == 1  # the servers' --threads, not the default's count
 
 
-def test_readme_block(bench, monkeypatch):
-    _, _, out = bench
-    render = load_script(ROOT / "lab" / "render_readme.py")
-    monkeypatch.setattr(render, "RESULTS", out.parent / "missing")
-    assert render.serve_block().startswith("Not measured yet")
-    monkeypatch.setattr(render, "RESULTS", out.parent)
-    block = render.serve_block()
-    assert "| concurrency | batched req/s | unbatched req/s | ratio |" in block
-    assert "\n| 8 | " in block and "HTTP/1.1 keep-alive" in block
-    assert "Overload" in block and "Soak" in block and "Start" in block
-    # the per-CPU-kind table: this machine's kind, the backend the server chose, and the command
+@pytest.mark.e2e
+def test_a_server_that_runs(tmp_path, capsys):
+    """--url: the same levels against a server the user started, none started here; its /proc is not ours to read."""
+    out = tmp_path / "running.json"
+    with running_server("--model", "B", "--threads", "1") as server:
+        assert main(["bench-serve", "--url", server.url, "--requests", "40", "--concurrency", "1", "4",
+                     "--warmup", "8", "--out", str(out)]) == 0
+        printed = capsys.readouterr()
+        assert main(["bench-serve", "--url", server.url, "--model", "A", "--requests", "1"]) == 2
+        refused = capsys.readouterr().err
     report = json.loads(out.read_text())
-    row = next(line for line in render.cpu_kind_block().splitlines() if "serving release B" in line)
-    assert row.startswith(f"| {backends.cpu_kind()} | ") and report["servers"]["batched"]["served"]["backend"] in row
-    assert f"`{report['command']}`" in row
+    assert list(report["servers"]) == ["running"] and "summary" not in report and "model_alone" not in report
+    running = report["servers"]["running"]
+    assert running["url"] == server.url and report["model"] == running["served"]["name"] == "B"
+    assert [level["concurrency"] for level in running["levels"]] == [1, 4]
+    for level in running["levels"]:
+        assert level["answers"] == level["statuses"] == {"200": 40} and level["errors"] == 0
+        assert 0 < level["p50_ms"] <= level["p95_ms"] <= level["p99_ms"]
+        assert level["rss_mib"] is None and level["server_cpu_s"] is None
+    assert report["command"].startswith(f"cifarkit bench-serve --url {server.url} ")
+    assert "| running | 4 |" in printed.out and "Traceback" not in printed.err
+    assert refused.strip() == f"cifarkit: error: the server at {server.url} serves B, not A; give --model one of them"
 
 
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv, says", [
+    (["--url", "http://127.0.0.1:{port}"],
+     "nothing answers at http://127.0.0.1:{port} ([Errno 111] Connection refused); start a server with "
+     "`cifarkit serve`, and give --url the address its ready line prints"),
+    (["--url", "127.0.0.1:{port}"], "--url must be http://HOST:PORT, as `cifarkit serve` prints it in its ready line"),
+    (["--url", "https://127.0.0.1:{port}"], "--url must be http://HOST:PORT"),
+    (["--url", "http://127.0.0.1:{port}", "--soak-s", "5", "--max-batch", "8"],
+     "--max-batch, --soak-s set the servers that bench-serve starts, and with --url it starts none"),
+])
+def test_a_bad_url_is_one_line_that_says_what_to_do(tmp_path, capsys, argv, says):
+    port = closed_port()
+    out = tmp_path / "out.json"
+    assert main(["bench-serve", *(a.format(port=port) for a in argv), "--requests", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cifarkit: error: " + says.format(port=port)) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.unit
+def test_help_states_the_settings_defaults():
+    helps = {dest: text for command, _, dest, text in options() if command == "cifarkit bench-serve"}
+    defaults = {f.name: f.default for f in fields(BenchSettings)}
+    assert set(BENCH_SETTINGS) == set(defaults)
+    for name in BENCH_SETTINGS:
+        stated = re.search(r"\(default: ([^)]*)\)", helps[name]).group(1)
+        value = defaults[name]
+        if name == "model":  # a rule rather than a name
+            assert stated.startswith("B; with --url, the server's default"), name
+        elif isinstance(value, tuple):
+            assert stated == " ".join(map(str, value)), name
+        else:
+            assert stated == ("none" if value == "" else f"{value:,}" if isinstance(value, int) else str(value)), name
+
+
+@pytest.mark.e2e
 def test_client_counts_failures_and_reconnects():
     """Every third answer says `Connection: close`, every fifth request gets none (the connection just closes): still
     exactly the requests asked for, each either answered or counted as a failure."""
@@ -166,10 +233,10 @@ def test_client_counts_failures_and_reconnects():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        bench_serve = load_script(SCRIPT)
-        result = bench_serve.load(f"http://127.0.0.1:{server.server_port}", "B", b"x" * 100, 103, 4)
+        result = load(f"http://127.0.0.1:{server.server_port}", "B", b"x" * 100, 103, 4)
     finally:
         server.shutdown()
+        server.server_close()
     assert result["requests"] == 103 and len(seen) == 103
     assert result["complete"] + sum(result["failures"].values()) == 103
     assert result["failures"] == {"IncompleteReadError": len(seen) // 5}

@@ -1,29 +1,34 @@
-"""Load-test `cifarkit serve` on loopback, batched against unbatched, and write results/serve-bench.json.
+"""`cifarkit bench-serve`: load-test `cifarkit serve` on loopback, batched against unbatched, or a server that runs.
 
-    python lab/bench_serve.py                        # B; 20,000 requests per level at 1 16 64 256; 5-minute soak
-    python lab/bench_serve.py --requests 2000 --soak-s 0        # a quick look, a minute or two
+    cifarkit bench-serve                                   # B; 20,000 requests per level at 1 16 64 256; 5-minute soak
+    cifarkit bench-serve --requests 2000 --soak-s 0        # a quick look, a minute or two
+    cifarkit bench-serve --url http://127.0.0.1:8000 --requests 2000     # a server you started, as it runs
 
-The client is this script: asyncio (uvloop where installed), one HTTP/1.1 keep-alive connection per concurrent client,
+The client is this module: asyncio (uvloop where installed), one HTTP/1.1 keep-alive connection per concurrent client,
 as browsers, requests.Session and httpx keep theirs, each sending its share of exactly --requests back to back: POST
 /v1/predict with a 32 x 32 PNG as the raw body, in one write; then the answer's head and exactly Content-Length bytes.
 Latency: from just before the write to the last byte. A socket failure (reset, EOF, no answer in 60 s) is an error of
 its kind, and the client reconnects, as after a `Connection: close`. It shares the server's cores, at about 0.05 ms of
 CPU per request at concurrency 64 (0.13 ms at 1; 5% of a core at 1,000 req/s), recorded per level next to the
-server's CPU. Run it alone: the JSON keeps the load average it started from.
+server's CPU. Run it alone: the JSON keeps the load average it started from. It is written by hand because locust
+runs for a time, not an exact count of requests, and rounds the latencies its percentiles come from, while aiohttp,
+no dependency of cifarkit, would replace only the few lines here that speak HTTP.
 
-One server at a time: batched (`--max-batch 64`), unbatched (`--max-batch 1`), overload (batched, `--max-queue 32`,
-concurrency 256). Each: the time from launch to its ready line, RSS then; 500 warm-up requests; the levels; the
-batched one then soaks (concurrency 64, `--soak-s`, in runs of ~10 s, RSS sampled every 2 s); overload must answer
-/healthz, /readyz and a prediction afterwards; SIGTERM. Per level: req/s; latency percentiles overall and per status;
-errors (all but 200s); /metrics deltas; RSS, peak RSS and CPU from /proc. A missed goal is reported, never an exit code.
+Without --url, one server at a time: batched (`--max-batch 64`), unbatched (`--max-batch 1`), overload (batched,
+`--max-queue 32`, concurrency 256). Each: the time from launch to its ready line, RSS then; 500 warm-up requests; the
+levels; the batched one then soaks (concurrency 64, `--soak-s`, in runs of ~10 s, RSS sampled every 2 s); overload
+must answer /healthz, /readyz and a prediction afterwards; SIGTERM. Then the model alone, in this process, as the
+batched server ran it. Per level: req/s; latency percentiles overall and per status; errors (all but 200s); /metrics
+deltas; RSS, peak RSS and CPU from /proc. A missed goal is reported, never an exit code. With --url: the warm-up and
+the levels against that server alone, and what its /metrics says; no server is started, so no /proc figures.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import resource
@@ -38,20 +43,29 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from datetime import datetime, timezone
-from pathlib import Path
+from dataclasses import dataclass
+from importlib.resources import files
+from urllib.parse import urlsplit
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+
+from cifarkit.core.errors import CifarkitError
 
 try:
     from uvloop import run as run_loop
 except ImportError:
     run_loop = asyncio.run
 
-ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger("cifarkit")
+
 READY = re.compile(r"cifarkit serve: ready at (http://\S+) with .*\(([\d.]+) s after the command started\)")
+# The server's own word for its model thread's count, which the model alone is then timed on.
+MODEL_THREADS = re.compile(r"the model thread runs on (\d+) threads")
 PREDICT = "/v1/predict"
+# The page's example cat, shipped in the package: every request sends it, box-reduced to 32 x 32.
+IMAGE = "serving/web/examples/cat.png"
+DEFAULT_MODEL = "B"  # the release the goals below are for
 START_TIMEOUT_S, STOP_TIMEOUT_S = 180, 60
 REQUEST_TIMEOUT_S = 60  # past the server's own timeout (504 after 10 s): a slow answer is an answer, not a failure
 WARMUP_CONCURRENCY, SOAK_CONCURRENCY, OVERLOAD_CONCURRENCY = 16, 64, 256
@@ -70,26 +84,87 @@ GOAL_SOAK_S = 300  # long enough for a leak of a few bytes per request to show
 GOAL_SOAK_RSS_PCT = 10  # RSS growth from the soak's first sample to its last: no leak
 
 
-def proc(pid: int) -> dict:
-    """RSS and peak RSS in MiB and CPU seconds from /proc; None where the process is gone."""
+@dataclass(frozen=True)
+class BenchSettings:
+    """Every default of `cifarkit bench-serve`, in one place; its --help names the option of each."""
+    model: str | None = None  # None: DEFAULT_MODEL on the servers started here, the server's default with a URL
+    requests: int = GOAL_REQUESTS  # per load level
+    concurrency: tuple[int, ...] = (1, 16, GOAL_CONCURRENCY, 256)  # clients at once, one level each
+    warmup: int = 500  # unrecorded requests to each server first
+    max_batch: int = 64  # of the batched servers: `cifarkit serve`'s default
+    backend: str = "auto"
+    serve_args: str = ""  # more `cifarkit serve` options for every server started here
+    overload_queue: int = 32  # --max-queue of the overload server; 0: no overload server
+    soak_s: float = GOAL_SOAK_S  # load on the batched server after its levels; 0: no soak
+
+
+# The settings of the servers started here: meaningless against a server that runs already.
+SERVER_OPTIONS = ("max_batch", "backend", "serve_args", "overload_queue", "soak_s")
+
+
+def proc(pid: int | None) -> dict:
+    """RSS and peak RSS in MiB and CPU seconds from /proc; None where the process is gone or not ours (no pid)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f) if k in ("VmRSS", "VmHWM")}
         with open(f"/proc/{pid}/stat") as f:
             ticks = f.read().rpartition(")")[2].split()[11:13]  # utime, stime
-    except OSError:
+    except OSError:  # also where pid is None: there is no /proc/None
         return {"rss_mib": None, "peak_rss_mib": None, "cpu_s": None}
     return {"rss_mib": round(kib["VmRSS"] / 1024, 1), "peak_rss_mib": round(kib["VmHWM"] / 1024, 1),
             "cpu_s": sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")}
 
 
 def scrub(text: str) -> str:
-    for path, name in ((str(ROOT), "."), (sys.prefix, "VENV"), (os.path.expanduser("~"), "~")):
+    for path, name in ((os.getcwd(), "."), (sys.prefix, "VENV"), (os.path.expanduser("~"), "~")):
         text = text.replace(path, name)
     return text
 
 
-class Server:
+def address(url: str) -> tuple[str, int]:
+    """The host and port of an http:// URL with no path, e.g. what `cifarkit serve` prints in its ready line."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 80
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/") or parts.query:
+        raise CifarkitError(f"--url must be http://HOST:PORT, as `cifarkit serve` prints it in its ready line, "
+                            f"got {url!r}")
+    return parts.hostname, port
+
+
+class Endpoint:
+    """A server reached over HTTP. Not started here, so it has no process to read /proc of."""
+    pid: int | None = None
+
+    def __init__(self, url: str):
+        host, port = address(url)
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def get(self, path: str, data: bytes | None = None) -> tuple[int, bytes]:
+        """The status and body of a GET (or a POST of `data`); status 0 and the reason when no answer came."""
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "image/png"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except OSError as e:
+            return 0, str(getattr(e, "reason", e)).encode()
+
+    def metrics(self) -> dict | None:
+        """Every sample of /metrics, (name, labels) -> value; None when it does not answer."""
+        status, body = self.get("/metrics")
+        return None if status != 200 else {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(body.decode()) for sample in family.samples}
+
+
+class Server(Endpoint):
     """`python -m cifarkit serve --port 0 ARGS`, ready. Its output goes to a file: a pipe left unread would fill up
     and stall it, and a file needs no reader thread."""
 
@@ -105,30 +180,20 @@ class Server:
         self.start_s = time.perf_counter() - launched
         if not ready:
             self.process.kill()
-            raise SystemExit(f"bench_serve: error: `cifarkit serve {' '.join(args)}` was not ready within "
-                             f"{START_TIMEOUT_S} s:\n" + scrub(self.output())[-3000:])
-        self.url, self.reported_start_s, self.ready_memory = ready[1], float(ready[2]), proc(self.pid)
+            log.error("%s", scrub(self.output())[-3000:])
+            raise CifarkitError(f"`cifarkit serve {' '.join(args)}` was not ready within {START_TIMEOUT_S} s; its "
+                                f"output is above")
+        super().__init__(ready[1])
+        self.reported_start_s, self.ready_memory = float(ready[2]), proc(self.pid)
+        threads = MODEL_THREADS.search(self.output())
+        self.model_threads = int(threads[1]) if threads else None
+
+    def exit_code(self) -> int | None:
+        return self.process.poll()
 
     def output(self) -> str:
         # pread leaves alone the file offset the server writes at.
         return os.pread(self.log.fileno(), os.fstat(self.log.fileno()).st_size, 0).decode(errors="replace")
-
-    def get(self, path: str, data: bytes | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "image/png"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-        except OSError as e:
-            return 0, str(e).encode()
-
-    def metrics(self) -> dict | None:
-        """Every sample of /metrics, (name, labels) -> value; None when it does not answer."""
-        status, body = self.get("/metrics")
-        return None if status != 200 else {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(body.decode()) for sample in family.samples}
 
     def stop(self) -> dict:
         started, killed = time.perf_counter(), False
@@ -197,15 +262,15 @@ def latency_figures(seconds: list[float]) -> dict:
 
 def load(url: str, model: str, body: bytes, requests: int, concurrency: int) -> dict:
     """Exactly `requests` POSTs of `body` from `concurrency` keep-alive clients at once, and what came of them."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    request = (f"POST {PREDICT}?model={model} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: image/png\r\n"
+    host, port = address(url)
+    request = (f"POST {PREDICT}?model={model} HTTP/1.1\r\nHost: {urlsplit(url).netloc}\r\nContent-Type: image/png\r\n"
                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
     shares = [requests // concurrency + (i < requests % concurrency) for i in range(min(concurrency, requests))]
     answers: list[tuple[int, float]] = []
     failures: Counter[str] = Counter()
 
     async def connect():
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, port)
         # Or a request may wait out the peer's delayed ACK (Nagle), some 40 ms.
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return reader, writer
@@ -251,7 +316,7 @@ def load(url: str, model: str, body: bytes, requests: int, concurrency: int) -> 
             "client_cpu_s": round(cpu, 3), "client_cpu_ms_per_request": round(1000 * cpu / requests, 4)}
 
 
-def measure(server: Server, model: str, body: bytes, requests: int, concurrency: int) -> dict:
+def measure(server: Endpoint, model: str, body: bytes, requests: int, concurrency: int) -> dict:
     """load(), and what the server's /metrics and /proc say of it."""
     before, cpu = server.metrics(), proc(server.pid)["cpu_s"]
     level = load(server.url, model, body, requests, concurrency)
@@ -260,8 +325,8 @@ def measure(server: Server, model: str, body: bytes, requests: int, concurrency:
     level.update(metrics_delta(before, server.metrics(), model), server_cpu_s=used,
                  server_cpu_ms_per_request=None if used is None else round(1000 * used / requests, 3),
                  rss_mib=after["rss_mib"], peak_rss_mib=after["peak_rss_mib"])
-    if server.process.poll() is not None:
-        level["server_exited"] = server.process.returncode
+    if (code := server.exit_code()) is not None:
+        level["server_exited"] = code
     return level
 
 
@@ -305,38 +370,52 @@ def soak(server: Server, model: str, body: bytes, seconds: float, rate: float) -
             "peak_rss_mib": proc(server.pid)["peak_rss_mib"], "rss_samples": samples, "chunks": chunks}
 
 
-def run_server(name: str, args: list[str], levels: list[int], options, body: bytes, soak_s: float = 0,
-               after_check: bool = False) -> dict:
-    print(f"{name}: starting `cifarkit serve {' '.join(args)}`", flush=True)
-    server, model = Server(args), options.model
+def served(server: Endpoint, model: str) -> dict:
+    """What /v1/models says of `model` and of the server's batching."""
+    status, answer = server.get("/v1/models")
+    if status != 200:
+        return {}
+    described = json.loads(answer)
+    found = next((m for m in described["models"] if m["name"] == model), {})
+    return {"served": {k: found.get(k) for k in ("name", "source", "model", "backend", "backend_reason", "cpu_kind",
+                                                 "weights_sha256")}, "batching": described["batching"]}
+
+
+def exercise(name: str, server: Endpoint, model: str, body: bytes, settings: BenchSettings, levels,
+             soak_s: float = 0, after_check: bool = False) -> dict:
+    """The warm-up, the load levels, then the checks after overload and the soak: one server's record."""
+    record = served(server, model)
+    if settings.warmup:
+        warm = load(server.url, model, body, settings.warmup, WARMUP_CONCURRENCY)
+        record["warmup"] = {k: warm[k] for k in ("requests", "concurrency", "errors", "req_per_s")}
+    record["levels"] = []
+    for concurrency in levels:
+        record["levels"].append(lv := measure(server, model, body, settings.requests, concurrency))
+        log.info("%s at concurrency %d: %s req/s, p99 %s ms, answers %s, failures %s", name, concurrency,
+                 f"{lv['req_per_s']:,.0f}", fmt(lv["p99_ms"]), lv["answers"], lv["failures"])
+    if after_check:
+        health, ready = server.get("/healthz")[0], server.get("/readyz")[0]
+        predict, answer = server.get(f"{PREDICT}?model={model}", body)
+        record["after"] = {"healthz": health, "readyz": ready, "predict": predict,
+                           "label": json.loads(answer)["predictions"][0]["label"] if predict == 200 else None,
+                           "alive": (health, ready, predict) == (200, 200, 200) and server.exit_code() is None}
+    if soak_s > 0:
+        rate = next((lv["req_per_s"] for lv in record["levels"] if lv["concurrency"] == SOAK_CONCURRENCY),
+                    record["levels"][-1]["req_per_s"] if record["levels"] else 0)
+        log.info("%s: soak for %g s", name, soak_s)
+        record["soak"] = soak(server, model, body, soak_s, rate or 500)
+    return record
+
+
+def run_server(name: str, args: list[str], levels, settings: BenchSettings, model: str, body: bytes,
+               soak_s: float = 0, after_check: bool = False) -> dict:
+    log.info("%s: starting `cifarkit serve %s`", name, " ".join(args))
+    server = Server(args)
     record = {"command": "python -m cifarkit serve --port 0 " + " ".join(args), "start_s": round(server.start_s, 2),
-              "start_s_reported_by_server": server.reported_start_s, "ready_memory": server.ready_memory}
+              "start_s_reported_by_server": server.reported_start_s, "ready_memory": server.ready_memory,
+              "model_threads": server.model_threads}
     try:
-        status, answer = server.get("/v1/models")
-        if status == 200:
-            served = next(m for m in json.loads(answer)["models"] if m["name"] == model)
-            record["served"] = {k: served.get(k) for k in ("name", "source", "model", "backend", "backend_reason",
-                                                            "cpu_kind", "weights_sha256")}
-            record["batching"] = json.loads(answer)["batching"]
-        if options.warmup:
-            warm = load(server.url, model, body, options.warmup, WARMUP_CONCURRENCY)
-            record["warmup"] = {k: warm[k] for k in ("requests", "concurrency", "errors", "req_per_s")}
-        record["levels"] = []
-        for concurrency in levels:
-            record["levels"].append(lv := measure(server, model, body, options.requests, concurrency))
-            print(f"{name} at concurrency {concurrency}: {lv['req_per_s']:,.0f} req/s, p99 {fmt(lv['p99_ms'])} ms, "
-                  f"answers {lv['answers']}, failures {lv['failures']}", flush=True)
-        if after_check:
-            health, ready = server.get("/healthz")[0], server.get("/readyz")[0]
-            predict, answer = server.get(f"{PREDICT}?model={model}", body)
-            record["after"] = {"healthz": health, "readyz": ready, "predict": predict,
-                               "label": json.loads(answer)["predictions"][0]["label"] if predict == 200 else None,
-                               "alive": (health, ready, predict) == (200, 200, 200) and server.process.poll() is None}
-        if soak_s > 0:
-            rate = next((lv["req_per_s"] for lv in record["levels"] if lv["concurrency"] == SOAK_CONCURRENCY),
-                        record["levels"][-1]["req_per_s"] if record["levels"] else 0)
-            print(f"{name}: soak for {soak_s:g} s", flush=True)
-            record["soak"] = soak(server, model, body, soak_s, rate or 500)
+        record.update(exercise(name, server, model, body, settings, levels, soak_s, after_check))
         record["final_memory"] = proc(server.pid)
     finally:
         record.update(server.stop())
@@ -390,10 +469,13 @@ def fmt(value, spec=".1f", unit="") -> str:
 
 
 def table(report: dict) -> str:
+    """The levels of every server, then one line each on the model alone, the starts, the soak and the goals, where
+    the report has them."""
     lines = ["| server | concurrency | requests | req/s | vs unbatched | p50 / p95 / p99 / max ms | errors | 503s "
              "(their p99 ms) | mean batch | CPU ms/request, client / server | RSS MiB |",
              "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
-    ratios = {r["concurrency"]: r["ratio"] for r in report["summary"]["levels"]}
+    summary = report.get("summary", {})
+    ratios = {r["concurrency"]: r["ratio"] for r in summary.get("levels", [])}
     for name, server in report["servers"].items():
         for lv in server["levels"]:
             refused = lv["by_status"].get("503")
@@ -405,32 +487,33 @@ def table(report: dict) -> str:
                 fmt(lv["batches"]["mean_size"], ".2f"),
                 f"{lv['client_cpu_ms_per_request']:.3f} / {fmt(lv['server_cpu_ms_per_request'], '.3f')}",
                 fmt(lv["rss_mib"], ".0f") + " |"]))
-    alone = report["model_alone"]
-    lines += ["", f"- the model alone in the same run ({alone['backend']}, traced, {alone['threads']} thread(s)): "
-              + ", ".join(f"{alone[f'batch_{size}_images_per_s']:,.0f} img/s at batch {size}" for size in (1, 32, 64))]
-    lines += ["- start (launch to ready), RSS then, peak RSS, exit code on SIGTERM: " + "; ".join(
-        f"{name} {s['start_s']:.2f} s, {s['ready_memory']['rss_mib']:.0f} MiB, "
-        f"{fmt(s.get('final_memory', {}).get('peak_rss_mib'), '.0f')} MiB, {s['exit_code']}"
-        for name, s in report["servers"].items())]
-    if s := report["servers"]["batched"].get("soak"):
+    lines.append("")
+    if alone := report.get("model_alone"):
+        lines.append(f"- the model alone in the same run ({alone['backend']}, traced, {alone['threads']} thread(s)): "
+                     + ", ".join(f"{alone[f'batch_{size}_images_per_s']:,.0f} img/s at batch {size}"
+                                 for size in (1, 32, 64)))
+    if started := {name: s for name, s in report["servers"].items() if "start_s" in s}:
+        lines.append("- start (launch to ready), RSS then, peak RSS, exit code on SIGTERM: " + "; ".join(
+            f"{name} {s['start_s']:.2f} s, {s['ready_memory']['rss_mib']:.0f} MiB, "
+            f"{fmt(s.get('final_memory', {}).get('peak_rss_mib'), '.0f')} MiB, {s['exit_code']}"
+            for name, s in started.items()))
+    if s := report["servers"].get("batched", {}).get("soak"):
         rss = s["rss_mib"]
         lines.append(f"- soak: {s['requests']:,} requests at concurrency {s['concurrency']} in {s['seconds']:.0f} s "
                      f"({s['req_per_s']:,.0f} req/s), {s['errors']} errors, worst {SOAK_CHUNK_S} s run's p99 "
                      f"{fmt(s['worst_chunk_p99_ms'])} ms, RSS {rss['start']:.0f} -> {rss['end']:.0f} MiB "
                      f"({rss['growth_pct']:+.1f}%, max {rss['max']:.0f})")
-    for name, goal in report["summary"]["goals"].items():
+    for name, goal in summary.get("goals", {}).items():
         missed = [k.removesuffix("_met") for k, v in goal.items() if k.endswith("_met") and not v]
         lines.append(f"- goal {name}: {'met' if goal['met'] else 'missed: ' + ', '.join(missed)}")
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip()
 
 
-def prepare_image(path: Path) -> tuple[bytes, dict]:
+def prepare_image() -> tuple[bytes, dict]:
     """The body of every request: the image box-reduced to 32 x 32, as cifarkit's preprocessing reduces it, PNG."""
     from PIL import Image
-
-    from cifarkit.core.files import portable
-    with Image.open(path) as im:
-        source = {"source": portable(path), "source_format": im.format, "source_size": list(im.size)}
+    with Image.open(io.BytesIO((files("cifarkit") / IMAGE).read_bytes())) as im:
+        source = {"source": f"cifarkit/{IMAGE}", "source_format": im.format, "source_size": list(im.size)}
         buffer = io.BytesIO()
         im.convert("RGB").resize((32, 32), Image.Resampling.BOX).save(buffer, "PNG")
     raw = buffer.getvalue()
@@ -438,14 +521,14 @@ def prepare_image(path: Path) -> tuple[bytes, dict]:
 
 
 def model_alone(model: str, backend: str, threads: int | None) -> dict:
-    """img/s of the served model's forward pass alone, in this process, as the servers run it (traced, on their
-    model thread's count: `threads`, or the default's), at the batch sizes they run: this machine's speed at the time
-    of the run, the ceiling the server's req/s is to be read against."""
+    """img/s of the served model's forward pass alone, in this process, as the batched server ran it (traced, on its
+    model thread's count, `threads`; torch's default where the server did not say), at the batch sizes it runs: this
+    machine's speed at the time of the run, the ceiling the server's req/s is to be read against."""
     import torch
 
     from cifarkit.inference.classifier import Classifier
-    from cifarkit.serving.settings import ServeSettings
-    torch.set_num_threads(ServeSettings(threads=threads).model_threads())
+    if threads:
+        torch.set_num_threads(threads)
     classifier = Classifier.load(model, backend=backend, traced=True)
     figures = {"backend": classifier.backend, "traced": classifier.traced, "threads": torch.get_num_threads()}
     for size in (1, 32, 64):
@@ -460,60 +543,64 @@ def model_alone(model: str, backend: str, threads: int | None) -> dict:
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", default="B", help="the release to serve")
-    parser.add_argument("--requests", type=int, default=20_000, help="per load level")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256], help="clients at once")
-    parser.add_argument("--max-batch", type=int, default=64, help="of the batched servers")
-    parser.add_argument("--backend", default="auto", help="the servers' --backend (auto: the machine's choice)")
-    parser.add_argument("--serve-args", default="", help="more `cifarkit serve` options, e.g. '--max-wait-ms 5'")
-    parser.add_argument("--warmup", type=int, default=500, help="unrecorded requests to each server first")
-    parser.add_argument("--overload-queue", type=int, default=32, help="--max-queue of the overload server; 0: none")
-    parser.add_argument("--soak-s", type=float, default=300, help="seconds of load on the batched server; 0: none")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "serve-bench.json", help="the JSON to write")
-    args = parser.parse_args(argv)
-    if min(args.requests, args.max_batch, *args.concurrency) < 1 or min(args.warmup, args.soak_s,
-                                                                        args.overload_queue) < 0:
-        parser.error("--requests, --max-batch and --concurrency must be at least 1, the others at least 0")
-
+def context(command: str, model: str, settings: BenchSettings, image: dict, load_before) -> dict:
+    """What every report opens with: how it was made, where, when, from which code, and what every request sent."""
     from importlib.metadata import distributions
 
     from cifarkit.core.device import report as environment
-    from cifarkit.core.files import portable, write_json
-    common = ["--model", args.model, "--backend", args.backend, *shlex.split(args.serve_args)]
-    load_before = os.getloadavg()
-    body, image = prepare_image(ROOT / "examples" / "images" / "cat.png")
-    threads_option = argparse.ArgumentParser(add_help=False)
-    threads_option.add_argument("--threads", type=int)
-    reference = model_alone(args.model, args.backend, threads_option.parse_known_args(common)[0].threads)
-    batched = common + ["--max-batch", str(args.max_batch)]
-    servers = {"batched": run_server("batched", batched, args.concurrency, args, body, soak_s=args.soak_s),
-               "unbatched": run_server("unbatched", common + ["--max-batch", "1"], args.concurrency, args, body)}
-    if args.overload_queue:
-        servers["overload"] = run_server("overload", batched + ["--max-queue", str(args.overload_queue)],
-                                         [OVERLOAD_CONCURRENCY], args, body, after_check=True)
+    from cifarkit.training.tracking import stamp
     installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in distributions()}
-    report = {
-        # Paths as the project writes them: never one of this machine.
-        "command": " ".join(["python lab/bench_serve.py", *(shlex.quote(re.sub(
-            r"^(--[\w-]+=)?(/.*)", lambda m: (m[1] or "") + portable(m[2]), word)) for word in argv)]),
-        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    return {
+        "command": command, **stamp(),
         "environment": {**environment(), "cpu_count": os.cpu_count(), "load_average_before": [
             round(x, 2) for x in load_before], "versions": {name: installed.get(name) for name in VERSIONS}},
         "client": {"tool": f"Python asyncio{' on uvloop' if run_loop is not asyncio.run else ''}, HTTP/1.1 keep-alive",
                    "latency": "from just before a request's write to the last byte of its answer",
                    "cpu": "getrusage(RUSAGE_SELF): the client, and in the soak its RSS sampler thread"},
-        "model": args.model, "model_alone": reference, "image": image, "requests_per_level": args.requests,
-        "warmup": {"requests": args.warmup, "concurrency": WARMUP_CONCURRENCY}, "servers": servers,
+        "model": model, "image": image, "requests_per_level": settings.requests,
+        "warmup": {"requests": settings.warmup, "concurrency": WARMUP_CONCURRENCY},
     }
+
+
+def run(settings: BenchSettings, command: str) -> dict:
+    """Batched, unbatched and overload servers started here one after the other, the model alone, and the goals."""
+    model = settings.model or DEFAULT_MODEL
+    common = ["--model", model, "--backend", settings.backend, *shlex.split(settings.serve_args)]
+    load_before = os.getloadavg()
+    body, image = prepare_image()
+    batched = common + ["--max-batch", str(settings.max_batch)]
+    levels = settings.concurrency
+    servers = {"batched": run_server("batched", batched, levels, settings, model, body, soak_s=settings.soak_s),
+               "unbatched": run_server("unbatched", common + ["--max-batch", "1"], levels, settings, model, body)}
+    if settings.overload_queue:
+        servers["overload"] = run_server("overload", batched + ["--max-queue", str(settings.overload_queue)],
+                                         [OVERLOAD_CONCURRENCY], settings, model, body, after_check=True)
+    first = servers["batched"]
+    report = context(command, model, settings, image, load_before)
+    backend = first.get("served", {}).get("backend") or settings.backend
+    report["model_alone"] = model_alone(model, backend, first["model_threads"])
+    report["servers"] = servers
     report["summary"] = summarize(servers)
-    write_json(args.out, report)
-    print("\n" + table(report) + f"\n\nwrote {portable(args.out)}")
-    return 0
+    return report
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run_against(url: str, settings: BenchSettings, command: str) -> dict:
+    """The warm-up and the load levels against the server at `url`, which runs already: no server is started."""
+    server = Endpoint(url)
+    status, answer = server.get("/v1/models")
+    if status == 0:
+        raise CifarkitError(f"nothing answers at {server.url} ({answer.decode()}); start a server with `cifarkit "
+                            f"serve`, and give --url the address its ready line prints")
+    if status != 200:
+        raise CifarkitError(f"{server.url}/v1/models answered {status} ({answer.decode(errors='replace')[:200]}); "
+                            f"give --url the address of a `cifarkit serve` that needs no API key")
+    described = json.loads(answer)
+    names = [m["name"] for m in described["models"]]
+    model = settings.model or described["default"]
+    if model not in names:
+        raise CifarkitError(f"the server at {server.url} serves {', '.join(names)}, not {model}; give --model one of "
+                            f"them")
+    load_before = os.getloadavg()
+    body, image = prepare_image()
+    record = {"url": server.url, **exercise("running", server, model, body, settings, settings.concurrency)}
+    return {**context(command, model, settings, image, load_before), "servers": {"running": record}}

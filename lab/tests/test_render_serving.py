@@ -1,0 +1,63 @@
+"""The serving blocks of lab/render_readme.py, rendered from what a tiny `cifarkit bench-serve` run writes: the
+batched-against-unbatched block and the serving goals' row of this machine's CPU kind."""
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cifarkit.inference import backends
+
+ROOT = Path(__file__).resolve().parents[2]
+
+spec = importlib.util.spec_from_file_location("render_readme", ROOT / "lab" / "render_readme.py")
+render = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(render)
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """One tiny run, with the goals' level (64) among its levels and its servers on one thread: (its JSON, its path)."""
+    out = tmp_path_factory.mktemp("checkout") / "results" / "serve-bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "cifarkit", "bench-serve", "--requests", "128", "--concurrency", "8", "64",
+         "--warmup", "0", "--overload-queue", "4", "--soak-s", "2", "--serve-args", "--threads 1", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text()), out
+
+
+@pytest.fixture
+def results(bench, monkeypatch):
+    """The renderer reading the tiny run's folder as the checkout's results/, with no archive."""
+    _, out = bench
+    monkeypatch.setattr(render, "ROOT", out.parent.parent)
+    monkeypatch.setattr(render, "RESULTS", out.parent)
+    monkeypatch.setattr(render, "ARCHIVE", out.parent / "archive")
+    return out.parent
+
+
+def test_serve_block(bench, results, monkeypatch):
+    report, _ = bench
+    block = render.serve_block()
+    assert "| concurrency | batched req/s | unbatched req/s | ratio |" in block
+    assert "\n| 8 | " in block and "\n| 64 | " in block and "HTTP/1.1 keep-alive" in block
+    assert "Overload" in block and "Soak" in block and "Start" in block
+    assert f"Written by `{report['command']}`." in block
+    monkeypatch.setattr(render, "RESULTS", results / "missing")
+    assert render.serve_block().startswith("Not measured yet")
+
+
+def test_serving_goals_row(bench, results):
+    """This machine's kind, the backend the server chose and the options the command gave the servers."""
+    report, out = bench
+    assert render.serve_options(report) == "--threads 1" and not render._serves_defaults(report)
+    assert shlex.split(report["command"])[:2] == ["cifarkit", "bench-serve"]
+    row = next(line for line in render.serving_goals_block().splitlines() if f"`results/{out.name}`" in line)
+    backend = report["servers"]["batched"]["served"]["backend"]
+    assert row.startswith(f"| {backends.cpu_kind()} | ") and f"| {backend}, `--threads 1` |" in row
