@@ -26,7 +26,7 @@ from cifarkit.cli.data import GRID_MAX
 from cifarkit.core import device
 from cifarkit.data import cifar10, loader
 from cifarkit.tools import speedrun
-from cifarkit.training.config import MAX_SEED, explain
+from cifarkit.training.config import MAX_SEED
 
 TINY = ["--recipe", "simplecnn", "--subset", "200", "--epochs", "1", "--batch-size", "50"]
 
@@ -318,32 +318,6 @@ def test_a_speedrun_into_the_same_folder_keeps_the_seeds_that_finished(cifar_hom
                                   f"another --out")
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["seed0", "seed1"]
     assert (out / "seed1" / "model.safetensors").exists() and (out / "seed0" / "summary.json").read_bytes() == first
-
-
-def test_recipes_name_prints_each_value_with_its_reason(capsys):
-    assert main(["recipes", "fast"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("fast (default): FastNet") and lines[1].startswith("# The fast recipe")
-    assert "optim.momentum = 0.825  # the record's: short runs prefer less momentum than the usual 0.9" in lines
-    # The reason written on the lines above the key counts as well.
-    assert "optim.lr = 1.028  # The head and the BatchNorm shifts stay on Nesterov SGD. The record's head lr 0.5415 " \
-           "per summed example, at batch 1536 and a 1/256 logit scale, moves the logits as lr 1.028 does with our " \
-           "mean loss and 1/9 scale: 0.5415 * 1536 / 256^2 = lr / 9^2." in lines
-    assert "data.subset = null  # default" in lines and "data.mean = [0.4914, 0.4822, 0.4465]  # default" in lines
-    assert "schedule.warmup_epochs = 0.0" in lines  # set by the recipe, without a comment
-
-
-def test_reasons_are_read_from_any_recipe_file(tmp_path, capsys):
-    path = tmp_path / "mine.yaml"
-    path.write_text('# My recipe.\ndescription: "mine # not a comment"\nmodel: {name: simplecnn}\ntrain:\n'
-                    '  # two\n  # lines\n  epochs: 2\n\n  # about nothing below\n\n  batch_size: 32  # small\n')
-    _, header, rows = explain(str(path))
-    reasons = {key: reason for key, _, reason in rows}
-    assert header == ["My recipe."]
-    assert (reasons["model.name"], reasons["train.epochs"], reasons["train.batch_size"]) == ("", "two lines", "small")
-    assert reasons["train.seed"] is None
-    assert main(["recipes", str(path)]) == 0
-    assert capsys.readouterr().out.splitlines()[:2] == ["mine: mine # not a comment", "# My recipe."]
 
 
 def test_env_shows_the_cudnn_version(capsys):

@@ -1,9 +1,12 @@
+import re
+
 import pytest
 
 from cifarkit.cli import main
 from cifarkit.cli.common import DEFAULT_RECIPE
 from cifarkit.core.errors import CifarkitError
-from cifarkit.training.config import builtin_recipes, load_recipe
+from cifarkit.training.config import builtin_recipes, explain, load_recipe
+from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -98,3 +101,67 @@ def test_recipes_command(capsys):
     assert main(["recipes"]) == 0
     out = capsys.readouterr().out
     assert "cifar10net" in out and "(default)" in out and "resnet18-adamw" in out
+
+
+# A recipe's comments say why in plain words; the evidence lives in docs/recipes-and-speed.md. A number that starts a
+# word (a figure, a seed, a date, a share), a percentage, a seed or a results file marks evidence that belongs there.
+EVIDENCE = re.compile(r"(?<!\w)\d|%|results/|\.json|\bseeds?\b", re.IGNORECASE)
+RECIPES = pytest.mark.parametrize("path", sorted(builtin_recipes().values()), ids=lambda path: path.stem)
+
+
+@RECIPES
+def test_recipes_name_prints_every_value_on_one_line_with_its_reason(path, capsys):
+    _, header, rows = explain(str(path))
+    assert [key for key, _, reason in rows if reason == ""] == []  # every value the recipe sets has a reason
+    assert main(["recipes", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:len(header) + 1] == [f"# {line}" for line in header]
+    values = lines[len(header) + 1:]
+    assert len(values) == len(rows)
+    for line, (key, _, reason) in zip(values, rows):
+        assert line.startswith(f"{key} = ") and line.endswith(f"  # {reason or 'default'}")
+
+
+@RECIPES
+def test_recipe_comments_are_a_short_header_and_one_plain_reason_per_value(path):
+    _, header, rows = explain(str(path))
+    reasons = [reason for _, _, reason in rows if reason]
+    # Any other comment (evidence above a key, a note on a section) would be one that `cifarkit recipes` never shows.
+    assert sum(bool(re.search(r"(^|\s)#", line)) for line in path.read_text().splitlines()) == len(header + reasons)
+    assert [comment for comment in header + reasons if EVIDENCE.search(comment)] == []
+    assert 1 <= len(header) <= 2
+    section = re.search(r'docs/recipes-and-speed\.md, "([^"]+)"', header[-1])
+    assert section and f"\n## {section.group(1)}\n" in (ROOT / "docs" / "recipes-and-speed.md").read_text()
+
+
+def test_the_rule_for_plain_reasons_flags_evidence():
+    flagged = ["lost 0.22 points", "on two validation seeds", "94% in minutes", "(results/profile-fast.json)",
+               "seed 003", "a 2-pixel shift", "8 epochs", "2025 record"]
+    plain = ["the record's: short runs prefer less momentum", "airbench94_muon's value", "in bf16, as fastnet_deep"]
+    assert [text for text in flagged if not EVIDENCE.search(text)] == []
+    assert [text for text in plain if EVIDENCE.search(text)] == []
+
+
+def test_reasons_are_read_from_the_line_of_any_recipe_files_value(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text('# My recipe.\n# Its evidence.\ndescription: "mine # not a comment"\nmodel: {name: simplecnn}\n'
+                    'train:\n  # not a reason: a reason stands on its value\'s line\n  epochs: 2\n'
+                    '  batch_size: 32  # small\n  grad_clip:  # none\n')
+    _, header, rows = explain(str(path))
+    reasons = {key: reason for key, _, reason in rows}
+    assert header == ["My recipe.", "Its evidence."]
+    assert [reasons[key] for key in ("model.name", "train.epochs", "train.batch_size", "train.grad_clip")] == \
+        ["", "", "small", "none"]
+    assert reasons["train.seed"] is None
+    assert main(["recipes", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["mine: mine # not a comment", "# My recipe.", "# Its evidence."]
+    assert {"train.epochs = 2", "train.batch_size = 32  # small", "train.seed = 0  # default"} <= set(lines)
+    assert "data.mean = [0.4914, 0.4822, 0.4465]  # default" in lines
+
+
+def test_recipes_fast_shows_the_default_recipe_and_its_reasons(capsys):
+    assert main(["recipes", "fast"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("fast (default): FastNet")
+    assert "optim.momentum = 0.825  # the record's: short runs prefer less momentum than the usual" in lines

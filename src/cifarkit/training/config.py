@@ -6,6 +6,7 @@ setting (the failure mode of configs that are plain dicts).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import types
@@ -353,14 +354,16 @@ def to_dict(recipe: Recipe) -> dict:
 def explain(name_or_path: str) -> tuple[Recipe, list[str], list[tuple[str, object, str | None]]]:
     """(the recipe, its file's opening comment lines, (dotted key, resolved value, reason) for every field).
 
-    A reason is the YAML comment on the key's line and the comment lines right above it, "" for a key the file sets
-    without one, None for a field the file leaves at its default.
+    A reason is the comment on the line where the file sets the key's value, "" for a key the file sets without one,
+    None for a field the file leaves at its default. A recipe gives each value one line of reason, on that line:
+    comment lines elsewhere below the opening ones are not read.
     """
     path = recipe_path(name_or_path)
     recipe = load_recipe(name_or_path)
-    header, comments = _yaml_comments(path.read_text())
-    set_keys = set(flatten(_read_yaml(path)))
-    rows = [(key, value, comments.get(key, "") if key in set_keys else None)
+    text = path.read_text()
+    header = [line[1:].strip() for line in itertools.takewhile(lambda line: line.startswith("#"), text.splitlines())]
+    reasons = _reasons(yaml.compose(text, Loader=yaml.SafeLoader), text)
+    rows = [(key, value, reasons.get(key))
             for key, value in flatten(dataclasses.asdict(recipe)).items() if key not in ("name", "description")]
     return recipe, header, rows
 
@@ -376,39 +379,18 @@ def flatten(mapping: dict, prefix: str = "") -> dict:
     return out
 
 
-def _yaml_comments(text: str) -> tuple[list[str], dict[str, str]]:
-    """(the comment lines before the first key, {dotted key: its comment}) of a block-style YAML mapping."""
-    header, comments, above, parents = [], {}, [], []
-    for line in text.splitlines():
-        content, comment = _split_comment(line)
-        key = re.match(r"(\s*)([^\s#:][^:]*):(\s|$)", content)
-        if not content.strip():
-            if comment is None:  # a blank line ends a comment block: it belonged to nothing below
-                above = []
-            else:
-                (above if parents else header).append(comment)
-            continue
-        if key is None:  # a list item or a continued value
-            above = []
-            continue
-        indent, name = len(key.group(1)), key.group(2).strip()
-        while parents and parents[-1][0] >= indent:
-            parents.pop()
-        dotted = ".".join([p for _, p in parents] + [name])
-        comments[dotted] = " ".join(above + ([comment] if comment else []))
-        above = []
-        parents.append((indent, name))
-    return header, comments
+# YAML wants whitespace before a comment's `#`: in `a#b` it is part of the value.
+_TRAILING_COMMENT = re.compile(r"[ \t]+#(.*)")
 
 
-def _split_comment(line: str) -> tuple[str, str | None]:
-    """(the YAML before a `#` comment, the comment's text or None); a `#` inside quotes is not a comment."""
-    quote = None
-    for i, char in enumerate(line):
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i], line[i + 1:].strip()
-    return line, None
+def _reasons(node: yaml.MappingNode, text: str, prefix: str = "") -> dict[str, str]:
+    """{dotted key: the comment after its value on the value's last line, or ""} for every non-mapping value of a
+    composed YAML mapping; PyYAML drops comments, but each node keeps where it ends in `text`."""
+    reasons = {}
+    for key, value in node.value:
+        if isinstance(value, yaml.MappingNode):
+            reasons.update(_reasons(value, text, f"{prefix}{key.value}."))
+        else:
+            comment = _TRAILING_COMMENT.match(text, value.end_mark.index)
+            reasons[f"{prefix}{key.value}"] = comment.group(1).strip() if comment else ""
+    return reasons
