@@ -614,7 +614,7 @@ def serving_goals_block() -> str:
                      "backend": f"{backend}, `{options}`" if options else backend, "goals": goals,
                      "constants": constants, "best": best, "gain": best / alone["batch_1_images_per_s"]})
     if not rows:
-        return _not_measured("serve-bench*.json", "python lab/bench_serve.py")
+        return _not_measured("serve-bench*.json", "cifarkit bench-serve")
     best_by_machine = {}  # a kind's processors differ (Zen 2 and Zen 3 are both AVX2): compare on one only
     for row in rows:
         machine = row["kind"], row["processor"]
@@ -641,10 +641,12 @@ def serving_goals_block() -> str:
 
 
 def serve_block() -> str:
-    """results/serve-bench.json, written by lab/bench_serve.py: batched against unbatched per concurrency."""
-    bench = _measured("serve-bench.json")
-    if bench is None:
-        return _not_measured("serve-bench.json", "python lab/bench_serve.py")
+    """The newest current benchmark of `cifarkit serve` with its defaults (`cifarkit bench-serve`): batched against
+    unbatched per concurrency."""
+    benches = [(path, data) for path, data in current_files("serve-bench*.json") if _serves_defaults(data)]
+    if not benches:
+        return _not_measured("serve-bench.json", "cifarkit bench-serve")
+    path, bench = max(benches, key=lambda item: item[1]["measured"])
     env, servers, summary = bench["environment"], bench["servers"], bench["summary"]
     batching = servers["batched"]["batching"]
     unbatched = {level["concurrency"]: level for level in servers["unbatched"]["levels"]}
@@ -655,8 +657,8 @@ def serve_block() -> str:
 
     lines = [f"Release {bench['model']} on {processor_of(env)} ({env['cpu_count']} cores, torch {env['torch']}, "
              f"uvicorn {env['versions']['uvicorn']}); {bench['requests_per_level']:,} requests per level, each a "
-             f"{bench['image']['sent']} of {bench['image']['bytes']:,} bytes, from the script's own client on the same "
-             f"cores ({bench['client']['tool']}, one connection per concurrent client). Batched: up to "
+             f"{bench['image']['sent']} of {bench['image']['bytes']:,} bytes, from the benchmark's own client on the "
+             f"same cores ({bench['client']['tool']}, one connection per concurrent client). Batched: up to "
              f"{batching['max_batch']} images "
              f"per forward pass, waiting at most {batching['max_wait_ms']:g} ms for them; unbatched: one.", "",
              "| concurrency | batched req/s | unbatched req/s | ratio | p50 / p95 / p99 ms, batched | "
@@ -704,7 +706,7 @@ def serve_block() -> str:
     verdicts = [f"{name.replace('_', ' ')} " + ("met" if goal["met"] else f"missed ({missed(goal)})")
                 for name, goal in summary["goals"].items()]
     lines.append(f"- The issue's goals in this run: {'; '.join(verdicts)}.")
-    lines.append(f"- Written by `{bench['command']}`.")
+    lines.append(f"- Written by `{bench['command']}` (`{rel(path)}`).")
     return "\n".join(lines)
 
 
@@ -739,7 +741,7 @@ def devices_block() -> str:
 
 
 def reference_block() -> str:
-    """results/compare-reference*.json, written by lab/compare_reference.py: the published airbench speedruns next
+    """results/compare-reference*.json, written by `cifarkit reference`: the published airbench speedruns next
     to `fast`, timed on one machine in alternating rounds; a file per machine measured."""
     blocks = []
     for path in result_files("compare-reference*.json"):
@@ -939,7 +941,7 @@ def winograd_block() -> str:
 
 
 def validation_block() -> str:
-    """Every recipe sweep on a validation split (lab/validation_runs.py), oldest first, with the table the
+    """Every recipe sweep on a validation split (`cifarkit validate`), oldest first, with the table the
     script printed."""
     sweeps = sorted(((json.loads(path.read_text()), path) for path in RESULTS.glob("validation-*.json")),
                     key=lambda sweep: sweep[0]["measured"])
@@ -951,7 +953,7 @@ def validation_block() -> str:
                      f"training images, {hardware(result['environment'])}, {first_run['precision']} "
                      f"(`{result['command']}`, `results/{path.name}`):\n\n"
                      + "\n".join(result["table"]))
-    return "\n\n".join(parts) or "No sweep yet: `python lab/validation_runs.py`."
+    return "\n\n".join(parts) or "No sweep yet: `cifarkit validate`."
 
 
 BLOCKS = {"models": models_block, "training": training_block, "speedrun": speedrun_block, "bench": bench_block,

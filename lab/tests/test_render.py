@@ -136,7 +136,7 @@ def test_serving_defaults_are_compared_with_backends_of_the_same_processor(tmp_p
     """Zen 2 and Zen 3 are both of the AVX2 kind: a faster backend on one must not set the other's 'best here'."""
     def bench(name, cpu_model, backend, req_per_s):
         goals = {"req_per_s": req_per_s, "p99_ms": 200.0, "p99_met": False, "ratio": 1.5, "ratio_met": False}
-        result = {"command": f"python lab/bench_serve.py --backend {backend}",
+        result = {"command": f"cifarkit bench-serve --backend {backend}",
                   "environment": {"processor": "AMD EPYC", "cpu_model": cpu_model, "cpu_features": ["avx2"]},
                   "model_alone": {"batch_1_images_per_s": 100.0, "batch_32_images_per_s": 200.0,
                                   "batch_64_images_per_s": 150.0},
