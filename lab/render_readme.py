@@ -641,12 +641,12 @@ def serving_goals_block() -> str:
 
 
 def serve_block() -> str:
-    """The newest current benchmark of `cifarkit serve` with its defaults (`cifarkit bench-serve`): batched against
-    unbatched per concurrency."""
-    benches = [(path, data) for path, data in current_files("serve-bench*.json") if _serves_defaults(data)]
+    """The newest current benchmark of `cifarkit serve` (`cifarkit bench-serve`), one of its defaults where there is
+    one: batched against unbatched per concurrency."""
+    benches = current_files("serve-bench*.json")
     if not benches:
         return _not_measured("serve-bench.json", "cifarkit bench-serve")
-    path, bench = max(benches, key=lambda item: item[1]["measured"])
+    path, bench = max(benches, key=lambda item: (_serves_defaults(item[1]), item[1]["measured"]))
     env, servers, summary = bench["environment"], bench["servers"], bench["summary"]
     batching = servers["batched"]["batching"]
     unbatched = {level["concurrency"]: level for level in servers["unbatched"]["levels"]}

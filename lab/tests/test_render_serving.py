@@ -48,7 +48,7 @@ def test_serve_block(bench, results, monkeypatch):
     assert "| concurrency | batched req/s | unbatched req/s | ratio |" in block
     assert "\n| 8 | " in block and "\n| 64 | " in block and "HTTP/1.1 keep-alive" in block
     assert "Overload" in block and "Soak" in block and "Start" in block
-    assert f"Written by `{report['command']}`." in block
+    assert f"Written by `{report['command']}` (`results/serve-bench.json`)." in block
     monkeypatch.setattr(render, "RESULTS", results / "missing")
     assert render.serve_block().startswith("Not measured yet")
 
