@@ -1,4 +1,3 @@
-import importlib.util
 import io
 import json
 import os
@@ -26,14 +25,6 @@ FIXTURE = Path(__file__).parent / "fixtures" / "cifar10-mini.safetensors"
 FLOORS = json.loads((ROOT / "results" / "test-floors.json").read_text())
 # What each test file cost in a measured run of the suite (`python lab/measure_test_durations.py`).
 DURATIONS = ROOT / "results" / "test-durations.json"
-
-
-def load_script(path: Path):
-    """A script of lab/ as a module, to test its functions."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def pytest_collection_modifyitems(items):

@@ -122,6 +122,9 @@ def test_summary_table_and_provenance(bench):
     for row in rows.values():
         assert row["ratio"] == round(row["batched_req_per_s"] / row["unbatched_req_per_s"], 2)
     assert "| batched | 8 |" in stdout and "| unbatched | 1 |" in stdout and "| overload | 256 |" in stdout
+    # No ratio without its word on accuracy: the same release and backend on both sides.
+    assert "- vs unbatched: the batched and unbatched servers serve one release" in stdout
+    assert "the ratio is of speed" in report["summary"]["accuracy"]
     assert stdout.rstrip().endswith(f"wrote {out.name}")
     assert report["image"]["sent"] == "32 x 32 PNG"
     assert report["image"]["source"] == "cifarkit/serving/web/examples/cat.png"  # the same on every machine

@@ -461,7 +461,12 @@ def summarize(servers: dict) -> dict:
             "rss_growth_met": s["rss_mib"]["growth_pct"] < GOAL_SOAK_RSS_PCT,
             "errors": s["errors"], "errors_met": s["errors"] == 0})
     constants = {name.removeprefix("GOAL_").lower(): v for name, v in globals().items() if name.startswith("GOAL_")}
-    return {"levels": rows, "goals": goals, "goal_constants": constants}
+    return {"levels": rows, "goals": goals, "goal_constants": constants, "accuracy": SAME_ANSWERS}
+
+
+# Every ratio here is of speed alone, and says so wherever it is printed or recorded.
+SAME_ANSWERS = ("the batched and unbatched servers serve one release through one backend: the ratio is of speed; the "
+                "accuracy served is the release's, measured per backend and CPU kind in its metrics.json")
 
 
 def fmt(value, spec=".1f", unit="") -> str:
@@ -488,6 +493,8 @@ def table(report: dict) -> str:
                 f"{lv['client_cpu_ms_per_request']:.3f} / {fmt(lv['server_cpu_ms_per_request'], '.3f')}",
                 fmt(lv["rss_mib"], ".0f") + " |"]))
     lines.append("")
+    if ratios:
+        lines.append(f"- vs unbatched: {SAME_ANSWERS}")
     if alone := report.get("model_alone"):
         lines.append(f"- the model alone in the same run ({alone['backend']}, traced, {alone['threads']} thread(s)): "
                      + ", ".join(f"{alone[f'batch_{size}_images_per_s']:,.0f} img/s at batch {size}"

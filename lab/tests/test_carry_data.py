@@ -1,13 +1,29 @@
 """lab/carry_data.py: CIFAR-10 packed into parts for a lent GPU comes back byte for byte, and a missing or damaged
 part is refused rather than trained on."""
+import importlib.util
 import shutil
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from conftest import FIXTURE, ROOT, load_script
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "cifar10-mini.safetensors"  # the committed real-data sample
 
-carry = load_script(ROOT / "lab" / "carry_data.py")
+spec = importlib.util.spec_from_file_location("carry_data", ROOT / "lab" / "carry_data.py")
+carry = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(carry)
+
+
+@pytest.fixture
+def cifar_home(tmp_path, monkeypatch):
+    """A CIFARKIT_HOME whose cache is the committed sample, as the package's tests have it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(FIXTURE, home / "cifar10.safetensors")
+    monkeypatch.setenv("CIFARKIT_HOME", str(home))
+    monkeypatch.delenv("CIFARKIT_DATA", raising=False)
+    return home
 
 
 def test_packed_parts_rebuild_the_same_cache(cifar_home, tmp_path, monkeypatch):
