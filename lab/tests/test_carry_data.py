@@ -15,18 +15,12 @@ carry = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(carry)
 
 
-@pytest.fixture
-def cifar_home(tmp_path, monkeypatch):
-    """A CIFARKIT_HOME whose cache is the committed sample, as the package's tests have it."""
-    home = tmp_path / "home"
-    home.mkdir()
-    shutil.copy(FIXTURE, home / "cifar10.safetensors")
-    monkeypatch.setenv("CIFARKIT_HOME", str(home))
+def test_packed_parts_rebuild_the_same_cache(tmp_path, monkeypatch):
+    here = tmp_path / "here"  # a cifarkit cache holding the committed sample, packed from here
+    here.mkdir()
+    shutil.copy(FIXTURE, here / "cifar10.safetensors")
+    monkeypatch.setenv("CIFARKIT_HOME", str(here))
     monkeypatch.delenv("CIFARKIT_DATA", raising=False)
-    return home
-
-
-def test_packed_parts_rebuild_the_same_cache(cifar_home, tmp_path, monkeypatch):
     packed = tmp_path / "carry"
     carry.main(["pack", str(packed), "--method", "0"])  # method 0: WebP's fastest, lossless all the same
     assert sorted(p.name for p in packed.iterdir()) == ["part1", "part2"]
