@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from cifarkit.tools import result_tables, results
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,6 +26,7 @@ def load(name: str):
 
 render = load("render_readme")
 PAGES = render.pages()
+RESULTS = ROOT / "results"
 
 
 def test_the_pages_match_a_fresh_render_of_results():
@@ -57,9 +60,10 @@ def test_the_archive_holds_exactly_the_files_it_gives_reasons_for():
 @pytest.mark.unit
 def test_the_index_lists_every_results_file_with_its_commit_and_day():
     index = (ROOT / "results" / "README.md").read_text()
-    files = [p for p in render.result_files("*") if p.suffix in (".json", ".png") and p.name != "provenance.json"]
+    files = [p for p in results.result_files(RESULTS, "*")
+             if p.suffix in (".json", ".png") and p.name != "provenance.json"]
     for path in files:
-        row = next(line for line in index.splitlines() if line.startswith(f"| [{render.rel(path)[8:]}]("))
+        row = next(line for line in index.splitlines() if line.startswith(f"| [{results.rel(RESULTS, path)[8:]}]("))
         commit, day = row.split(" | ")[-3:-1]
         assert re.fullmatch(r"(added in )?[0-9a-f]{7}( with .*)?", commit), row
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", day), row
@@ -68,46 +72,13 @@ def test_the_index_lists_every_results_file_with_its_commit_and_day():
 
 @pytest.mark.unit
 def test_the_readme_shows_at_most_two_rows_per_device_kind_and_no_commit():
-    rows = [line for line in render.expect_block().splitlines()[2:]]
+    rows = [line for line in results.expect_table(RESULTS).splitlines()[2:]]
     devices = [row.split(" | ")[0].lstrip("| ").split(":")[0] for row in rows]
     assert rows and all(devices.count(device) <= 2 for device in devices)
     assert not any(re.search(r"\b[0-9a-f]{7}\b", row.split(" | ")[2]) for row in rows)  # no commit in what you get
     for row in rows:  # every ratio with its accuracy difference and a verdict in words
         if " as fast as " in row:
             assert "points of accuracy (95% interval" in row and "equal accuracy" in row
-
-
-def _speedrun(device: str, accuracies: list[float], day: str) -> dict:
-    gpus = [{"name": "NVIDIA H200", "memory_gib": 139.8}] if device == "cuda" else []
-    return {"command": "cifarkit speedrun --recipe fast", "recipe": "fast", "overrides": [], "target": 0.94,
-            "accuracy": {"n": len(accuracies), "mean": sum(accuracies) / len(accuracies), "std": 0.001,
-                         "ci95": [0.93, 0.95], "p_value_mean_above_target": 0.5},
-            "wall_time_s": {"mean": 300.0, "max": 310.0, "min": 290.0},
-            "environment": {"device": device, "gpus": gpus, "torch": "2.14.1", "processor": "AMD EPYC",
-                            "cpu_model": "family 26 model 2", "cpu_features": ["avx2", "avx512_bf16"]},
-            "runs": [{"seed": seed, "test_acc": acc, "wall_time_s": 300.0, "train_time_s": 290.0,
-                      "finished": f"{day}T00:00:00+00:00", "run": {"precision": "bf16"}, "curve": [],
-                      "machine_speed": None} for seed, acc in enumerate(accuracies)]}
-
-
-@pytest.mark.unit
-def test_the_readme_shows_current_files_only_and_says_when_the_mean_is_under_94(tmp_path, monkeypatch):
-    (tmp_path / "archive").mkdir()
-    (tmp_path / "archive" / "reasons.yaml").write_text("speedrun-fast-old.json: the recipe changed since\n"
-                                                       "speedrun-fast-gpu.json: the recipe changed since\n")
-    for name, device, accuracies, day in (("archive/speedrun-fast-old.json", "cpu", [0.95, 0.96], "2026-12-09"),
-                                          ("speedrun-fast-new.json", "cpu", [0.938, 0.939, 0.936], "2026-12-01"),
-                                          ("archive/speedrun-fast-gpu.json", "cuda", [0.94], "2026-12-01")):
-        (tmp_path / name).write_text(json.dumps(_speedrun(device, accuracies, day)))
-    monkeypatch.setattr(render, "RESULTS", tmp_path)
-    block = render.expect_block()
-    assert "speedrun-fast-new.json" in block and "speedrun-fast-old.json" not in block
-    assert "93.77% mean test accuracy (n = 3, 95% interval" in block and "under 94% on the mean" in block
-    assert "no reference timed on this processor yet" in block
-    assert "| NVIDIA H200 | `cifarkit train` (`fast`) | not measured with the current `fast` yet" in block
-    assert "seed 0 scored 93.80%" in render.quickstart_block() and "which is under 94%" in render.quickstart_block()
-    history = render.speedrun_block()
-    assert "superseded: the recipe changed since" in history and "| current |" in history
 
 
 @pytest.mark.unit
@@ -121,8 +92,8 @@ def test_every_block_is_in_exactly_one_page():
 def test_serving_goals_name_what_the_model_alone_allows():
     """One row per serving benchmark, with the least mean latency its model allows at 64 connections (Little's law)
     and the model's own gain from batching, both from the same file."""
-    files = render.result_files("serve-bench*.json")
-    rows = [line for line in render.serving_goals_block().splitlines() if "`results/" in line]
+    files = results.result_files(RESULTS, "serve-bench*.json")
+    rows = [line for line in result_tables.serving_goals_table(RESULTS).splitlines() if "`results/" in line]
     assert len(rows) == len(files) > 0
     for row, path in zip(rows, files):
         alone = json.loads(path.read_text())["model_alone"]
@@ -132,32 +103,10 @@ def test_serving_goals_name_what_the_model_alone_allows():
 
 
 @pytest.mark.unit
-def test_serving_defaults_are_compared_with_backends_of_the_same_processor(tmp_path, monkeypatch):
-    """Zen 2 and Zen 3 are both of the AVX2 kind: a faster backend on one must not set the other's 'best here'."""
-    def bench(name, cpu_model, backend, req_per_s):
-        goals = {"req_per_s": req_per_s, "p99_ms": 200.0, "p99_met": False, "ratio": 1.5, "ratio_met": False}
-        result = {"command": f"cifarkit bench-serve --backend {backend}",
-                  "environment": {"processor": "AMD EPYC", "cpu_model": cpu_model, "cpu_features": ["avx2"]},
-                  "model_alone": {"batch_1_images_per_s": 100.0, "batch_32_images_per_s": 200.0,
-                                  "batch_64_images_per_s": 150.0},
-                  "servers": {"batched": {"served": {"backend": "onnxruntime"}}},
-                  "summary": {"goals": {"concurrency_64": goals},
-                              "goal_constants": {"concurrency": 64, "p99_ms": 100, "ratio": 2.5}}}
-        (tmp_path / f"serve-bench-{name}.json").write_text(json.dumps(result))
-    bench("a-defaults", "family 23 model 49", "auto", 300.0)
-    bench("b-fp32", "family 23 model 49", "torch-fp32", 400.0)
-    bench("c-other", "family 25 model 1", "torch-fp32", 600.0)
-    monkeypatch.setattr(render, "RESULTS", tmp_path)
-    rows = [line for line in render.serving_goals_block().splitlines() if "`results/" in line]
-    assert "family 23 model 49" in rows[0] and "| 0.75x |" in rows[0]
-    assert "family 25 model 1" in rows[2]
-
-
-@pytest.mark.unit
 def test_every_validation_sweep_is_shown_oldest_first_with_its_table():
     sweeps = sorted((json.loads(path.read_text())["measured"], path) for path in (ROOT / "results").glob(
         "validation-*.json"))
-    block = render.validation_block()
+    block = result_tables.validation_tables(RESULTS)
     positions = [block.index(f"`results/{path.name}`") for _, path in sweeps]
     assert len(positions) > 0 and positions == sorted(positions)
     for _, path in sweeps:
@@ -165,7 +114,7 @@ def test_every_validation_sweep_is_shown_oldest_first_with_its_table():
         assert all(line in block for line in result["table"]) and f"as at {result['written_at_commit']}," in block
 
 
-def test_the_bf16_winograd_table_times_each_layer_as_training_takes_it(tmp_path, monkeypatch):
+def test_the_bf16_winograd_table_times_each_layer_as_training_takes_it(tmp_path):
     measure = load("measure_winograd")
     out = tmp_path / "winograd-layers-bf16-test.json"
     shipped = dict(measure.layers.KERNEL_PLANS)
@@ -181,21 +130,21 @@ def test_the_bf16_winograd_table_times_each_layer_as_training_takes_it(tmp_path,
     assert [layer["bf16_training_path"] for layer in layers] == expected
     assert set(layers[0]["median_s"]) == {"onednn", "as_trained"} | {
         f"winograd2_{rows}" for rows in (4, measure.winograd.TILE_ROWS[2])}
-    monkeypatch.setattr(render, "RESULTS", tmp_path)
-    rows = [line for line in render.winograd_block().splitlines() if line.startswith("| ") and "->" in line]
+    rows = [line for line in result_tables.winograd_tables(tmp_path).splitlines()
+            if line.startswith("| ") and "->" in line]
     medians = layers[4]["median_s"]
     assert rows[4].endswith(f"| {1e3 * medians['as_trained']:,.0f} | "
                             + " | ".join(f"{1e3 * medians[f'winograd2_{r}']:,.0f}"
                                          for r in sorted({4, measure.winograd.TILE_ROWS[2]}))
                             + f" | {medians['onednn'] / medians['as_trained']:.2f}x |")
-    assert "bf16 training takes" in render.winograd_block()
+    assert "bf16 training takes" in result_tables.winograd_tables(tmp_path)
     whole = result["whole_model"]
     assert set(whole["samples_s"]) == {"onednn", "without_winograd", "as_trained"}
     assert whole["plans"]["without_winograd"]["KERNEL_PLANS"]["no_amx"]["winograd_cropped_max_width"] == 0
     assert measure.layers.KERNEL_PLANS == shipped  # the shipped plans are back in place after
 
 
-def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch):
+def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path):
     measure = load("measure_winograd")
     out = tmp_path / "winograd-layers-test.json"
     chosen_rows = dict(measure.winograd.TILE_ROWS)
@@ -214,8 +163,8 @@ def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch
     # Every block size at the slice size asked for and at the one it ships with.
     assert set(layers[0]["median_s"]) == {"onednn"} | {f"winograd{m}_{rows}" for m in chosen_rows
                                                       for rows in (4, chosen_rows[m])}
-    monkeypatch.setattr(render, "RESULTS", tmp_path)
-    rows = [line for line in render.winograd_block().splitlines() if line.startswith("| ") and "->" in line]
+    rows = [line for line in result_tables.winograd_tables(tmp_path).splitlines()
+            if line.startswith("| ") and "->" in line]
     assert len(rows) == 6
     onednn, chosen = (layers[2]["median_s"][name] for name in ("onednn", f"winograd4_{chosen_rows[4]}"))
     assert rows[2].startswith("| 32 -> 64 at 15x15, pooled (14x14 kept) (16x16 by F(4x4)) | yes | F(4x4, 3x3) |")
@@ -231,57 +180,6 @@ def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path, monkeypatch
     assert measure.layers.WINOGRAD_MAX_WIDTH > 0 and measure.layers.WINOGRAD_UNPOOLED_WIDTHS
     assert measure.layers.WINOGRAD_MAX_TILE == 4 and measure.winograd.TILE_ROWS == chosen_rows
     trained = whole["median_s"]["as_trained"]
-    assert f"as fp32 training takes them {1e3 * trained:,.0f} ms." in render.winograd_block()
+    assert f"as fp32 training takes them {1e3 * trained:,.0f} ms." in result_tables.winograd_tables(tmp_path)
 
 
-def _speedrun_report(device: str, curve_points: int) -> dict:
-    gpus = [{"name": "NVIDIA H200", "memory_gib": 139.8}] if device == "cuda" else []
-    return {"recipe": "fast", "overrides": [f"train.device={device}"], "target": 0.94,
-            "accuracy": {"n": 2, "mean": 0.9395, "std": 0.001, "ci95": [0.93, 0.95], "p_value_mean_above_target": 0.5},
-            "wall_time_s": {"mean": 5.0, "max": 8.0, "min": 2.0},
-            "environment": {"device": device, "gpus": gpus, "torch": "2.11.0+cu130", "processor": "AMD EPYC",
-                            "cpu_features": ["avx2"]},
-            "runs": [{"train_time_s": t, "run": {"precision": "fp16" if device == "cuda" else "fp32"},
-                      "curve": [{"epoch": e} for e in range(curve_points)], "machine_speed": None}
-                     for t in (6.04, 2.96)]}
-
-
-@pytest.mark.unit
-def test_the_history_names_each_speed_run_s_command_as_its_file_tells_it(tmp_path, monkeypatch):
-    """Files from before the command was recorded: the overrides, and --no-curve where no run has a curve."""
-    (tmp_path / "speedrun-fast-cuda.json").write_text(json.dumps(_speedrun_report("cuda", 1)))
-    (tmp_path / "speedrun-fast-avx2.json").write_text(json.dumps(_speedrun_report("cpu", 8)))
-    monkeypatch.setattr(render, "RESULTS", tmp_path)
-    rows = [line for line in render.speedrun_block().splitlines() if "`results/" in line]
-    cpu, gpu = (next(row for row in rows if name in row) for name in ("avx2.json", "cuda.json"))
-    assert "`cifarkit speedrun --recipe fast --runs 2 --set train.device=cpu` " in cpu
-    assert "`cifarkit speedrun --recipe fast --runs 2 --set train.device=cuda --no-curve`" in gpu
-    assert "| 5.0 s / 8.0 s | NVIDIA H200 | fp16 |" in gpu and "| current |" in gpu
-    assert gpu.endswith("(`results/speedrun-fast-cuda.json`) |")
-
-
-@pytest.mark.unit
-def test_a_figure_taken_under_isa_caps_names_them_beside_the_processor():
-    # An AVX-512 CPU capped to AVX2 measures as an AVX2 kind, but it is not an AVX2 CPU: the rows say so.
-    environment = {"processor": "AMD EPYC", "cpu_model": "family 25 model 17",
-                   "isa_caps": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
-    assert render.processor_of(environment, "AMX") == ("AMD EPYC (family 25 model 17, capped by ONEDNN_MAX_CPU_ISA="
-                                                       "AVX2, capped by ATEN_CPU_CAPABILITY=avx2, AMX)")
-    assert render.processor_of({"processor": "AMD EPYC", "isa_caps": {}}) == "AMD EPYC"
-
-
-@pytest.mark.parametrize("recorded, shown", [(1536, "batch 1,536, tcmalloc | 6.0 s per step (256 img/s)"),
-                                             (None, "batch 2,000, tcmalloc | 6.0 s per step (333 img/s)")])
-def test_an_ab_row_names_the_batch_its_runs_timed(tmp_path, monkeypatch, recorded, shown):
-    """The A/B file's own batch; a file from before ab_profile recorded it timed `fast` at its old batch, 2,000."""
-    runs = [{"step_s": step, "precision": "fp32", "allocator": "tcmalloc"} for step in (5.5, 6.5)]
-    for run in runs:
-        if recorded is not None:
-            run["batch_size"] = recorded
-    ab = {"cpu_kind": "avx2", "environment": {"processor": "AMD EPYC"}, "before": "aaaaaaa", "after": "bbbbbbb",
-          "runs": {"before": runs, "after": runs}, "speedup_mean": 1.0, "speedup_ci95_half_width": 0.1,
-          "command": "python lab/ab_profile.py --before aaaaaaa"}
-    (tmp_path / "profile-ab-fast-avx2.json").write_text(json.dumps(ab))
-    monkeypatch.setattr(render, "RESULTS", tmp_path)
-    rows = [line for line in render.step_block().splitlines() if "profile-ab-fast-avx2.json" in line]
-    assert len(rows) == 1 and f"`fast` training step, fp32, {shown} at bbbbbbb" in rows[0]

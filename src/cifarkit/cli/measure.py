@@ -171,6 +171,17 @@ def _reference_command(args, references: list[str], muon_file: Path | None) -> s
     return " ".join(map(shlex.quote, words))
 
 
+def cmd_results(args) -> None:
+    from cifarkit.core.errors import CifarkitError
+    from cifarkit.tools import results
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise CifarkitError(f"{folder} is not a folder; give the folder your commands' --json files went to "
+                            f"(default: results)")
+    print(f"## What to expect, from the current files of {folder}\n\n{results.expect_table(folder)}\n")
+    print(f"## Every file of {folder}, by the question it answers\n\n{results.index_table(folder)}")
+
+
 def register(sub) -> None:
     """Adds this group's commands to the `cifarkit` parser's subcommands."""
     p = command(sub, "speedrun", "train a recipe over N seeds; report mean, std, CI, t-test and wall time")
@@ -183,6 +194,12 @@ def register(sub) -> None:
     p.add_argument("--out", help="folder for the runs (default: runs/speedrun-<recipe>-<time>)")
     p.add_argument("--json", help="also write the report to this file")
     p.set_defaults(func=cmd_speedrun)
+    p = command(sub, "results", "what a folder of results says: per device, what to expect from its current files; "
+                                "then every file, current or superseded, with where, when and at which commit")
+    p.add_argument("folder", nargs="?", default="results",
+                   help="the folder the --json files of speedrun, reference, bench-serve and the others went to, "
+                        "superseded ones in its archive/ (default: results)")
+    p.set_defaults(func=cmd_results)
     p = command(sub, "bench", "training img/s per model and precision (prints a table, writes JSON)")
     p.add_argument("--models", nargs="+", help="registered model names (default: all; `cifarkit models` lists them)")
     p.add_argument("--modes", nargs="+",

@@ -1,23 +1,18 @@
-"""lab/render_readme.py's blocks of the reference comparisons, rendered from results files that the comparison wrote:
-a real run on 2,000 images (tests/fixtures/compare-reference-subset.json), and one that `cifarkit reference` writes
-today from the same rows."""
+"""The tables of the reference comparisons (cifarkit.tools.result_tables), rendered from results files that the
+comparison wrote: a real run on 2,000 images (tests/fixtures/compare-reference-subset.json), and one that
+`cifarkit reference` writes today from the same rows."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from cifarkit.tools import reference
+from cifarkit.tools import reference, result_tables
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]  # the project's checkout
-FIXTURE = ROOT / "tests" / "fixtures" / "compare-reference-subset.json"
-_spec = importlib.util.spec_from_file_location("render_readme", ROOT / "lab" / "render_readme.py")
-render = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(render)
+FIXTURE = Path(__file__).parent / "fixtures" / "compare-reference-subset.json"
 
 SETTINGS = {"recipe": "fast", "references": ["airbench94_muon"], "first_seed": 0, "subset": None, "cpu_kind": "avx2",
             "processor": "AMD EPYC", "threads": 2, "precision_policy": "fp32", "newton_schulz_dtype": "float32",
@@ -25,11 +20,10 @@ SETTINGS = {"recipe": "fast", "references": ["airbench94_muon"], "first_seed": 0
             "code": {"commit": "a958d0b", "src_tree": "1" * 40, "src_modified": False}}
 
 
-def test_readme_block_renders_a_real_result(tmp_path, monkeypatch):
+def test_the_table_renders_a_real_result(tmp_path):
     result = json.loads(FIXTURE.read_text())
     (tmp_path / "compare-reference-subset.json").write_text(json.dumps(result))
-    monkeypatch.setattr(render, "RESULTS", tmp_path)
-    block = render.reference_block()
+    block = result_tables.reference_tables(tmp_path)
     muon = result["references"]["airbench94_muon"]
     assert "not a comparison" in block
     row = next(line for line in block.splitlines() if line.startswith("| airbench94_muon"))
@@ -45,24 +39,24 @@ def test_the_block_gives_the_accuracy_difference_with_its_interval_where_there_a
     one_round = (f"Mean test accuracy, `fast` minus airbench94_muon: "
                  f"its own TTA {100 * (ours['test_acc'] - theirs['test_acc']):+.2f} points; "
                  f"6 views {100 * (ours['test_acc_6_views'] - theirs['test_acc']):+.2f} points.")
-    assert one_round in render._reference_comparison(result)
+    assert one_round in result_tables.comparison_table(result)
     # Three and four runs whose Welch interval is +0.10 to +0.90 points (tests/test_fast.py checks the arithmetic).
     result["cifarkit"]["runs"] = [{**ours, "test_acc": a, "test_acc_6_views": a} for a in (0.941, 0.943, 0.939)]
     result["references"]["airbench94_muon"]["runs"] = [{**theirs, "test_acc": a}
                                                        for a in (0.937, 0.935, 0.934, 0.938)]
     assert ("its own TTA +0.50 points (95% Welch interval +0.10 to +0.90); 6 views +0.50 points (95% Welch "
-            "interval +0.10 to +0.90)." in render._reference_comparison(result))
+            "interval +0.10 to +0.90)." in result_tables.comparison_table(result))
 
 
 def test_the_table_names_the_code_and_when_each_round_finished():
     result = json.loads(FIXTURE.read_text())
-    assert "src/ at commit" not in render._reference_comparison(result)  # written before rounds were recorded
+    assert "src/ at commit" not in result_tables.comparison_table(result)  # written before rounds were recorded
     rounds = [{"finished": "2026-12-03T23:50:00+00:00"}, {"finished": "2026-12-04T09:10:00+00:00"}]
-    block = render._reference_comparison({**result, "settings": SETTINGS, "rounds": rounds})
+    block = result_tables.comparison_table({**result, "settings": SETTINGS, "rounds": rounds})
     assert ("cifarkit's src/ at commit a958d0b; the rounds finished at 2026-12-03 23:50:00, 2026-12-04 09:10:00 UTC."
             in block)
     rounds[1]["commit"] = "c000000"  # a later checkout of the same src/ added the round (older files record none)
-    block = render._reference_comparison({**result, "settings": SETTINGS, "rounds": rounds})
+    block = result_tables.comparison_table({**result, "settings": SETTINGS, "rounds": rounds})
     assert "finished at 2026-12-03 23:50:00, 2026-12-04 09:10:00 (run from c000000) UTC." in block
 
 
@@ -72,19 +66,19 @@ def test_an_unfinished_comparison_says_how_many_rounds_it_holds_and_how_to_finis
     asked_three = {**result, "settings": SETTINGS, "rounds": rounds,
                    "command": result["command"].replace("--runs 1", "--runs 3")}
     assert ("Unfinished: 2 of the command's 3 rounds so far. The same command"
-            in render._reference_comparison(asked_three))
-    assert "Unfinished" not in render._reference_comparison({**asked_three, "rounds": rounds * 2})
-    assert "Unfinished" not in render._reference_comparison(result)  # the first form records no rounds
+            in result_tables.comparison_table(asked_three))
+    assert "Unfinished" not in result_tables.comparison_table({**asked_three, "rounds": rounds * 2})
+    assert "Unfinished" not in result_tables.comparison_table(result)  # the first form records no rounds
 
 
 def test_a_variant_is_named_as_its_command_set_it():
     result = json.loads(FIXTURE.read_text())
     result["overrides"] = ["train.epochs=7.59"]
-    block = render._reference_comparison(result)
+    block = result_tables.comparison_table(result)
     assert "| `cifarkit train --recipe fast --set train.epochs=7.59` |" in block
     assert "Mean test accuracy, `fast --set train.epochs=7.59` minus airbench94_muon" in block
-    assert render._side_of(result) == "`fast` with `train.epochs=7.59`"
-    assert render._side_of({**result, "overrides": []}) == "`fast`"
+    assert result_tables._side_of(result) == "`fast` with `train.epochs=7.59`"
+    assert result_tables._side_of({**result, "overrides": []}) == "`fast`"
 
 
 def test_a_file_that_cifarkit_reference_writes_renders(tmp_path):
@@ -101,7 +95,7 @@ def test_a_file_that_cifarkit_reference_writes_renders(tmp_path):
     command = "cifarkit reference --muon airbench94_muon.py --references airbench94_muon --runs 3 --recipe fast"
     result = json.loads(json.dumps(reference.results(rounds, json.loads(json.dumps(SETTINGS)), fixture["environment"],
                                                      command, muon_file)))
-    block = render._reference_comparison(result)
+    block = result_tables.comparison_table(result)
     assert f"(`{command}`)" in block
     assert "Unfinished: 2 of the command's 3 rounds so far." in block
     row = next(line for line in block.splitlines() if line.startswith("| airbench94_muon"))

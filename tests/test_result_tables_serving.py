@@ -1,6 +1,5 @@
-"""The serving blocks of lab/render_readme.py, rendered from what a tiny `cifarkit bench-serve` run writes: the
-batched-against-unbatched block and the serving goals' row of this machine's CPU kind."""
-import importlib.util
+"""The serving tables (cifarkit.tools.result_tables), rendered from what a tiny `cifarkit bench-serve` run writes: the
+batched-against-unbatched table and the serving goals' row of this machine's CPU kind."""
 import json
 import shlex
 import subprocess
@@ -10,12 +9,9 @@ from pathlib import Path
 import pytest
 
 from cifarkit.inference import backends
+from cifarkit.tools import result_tables, results
 
-ROOT = Path(__file__).resolve().parents[2]
-
-spec = importlib.util.spec_from_file_location("render_readme", ROOT / "lab" / "render_readme.py")
-render = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(render)
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.e2e
 
@@ -32,32 +28,22 @@ def bench(tmp_path_factory):
     return json.loads(out.read_text()), out
 
 
-@pytest.fixture
-def results(bench, monkeypatch):
-    """The renderer reading the tiny run's folder as the checkout's results/, with no archive."""
-    _, out = bench
-    monkeypatch.setattr(render, "ROOT", out.parent.parent)
-    monkeypatch.setattr(render, "RESULTS", out.parent)
-    monkeypatch.setattr(render, "ARCHIVE", out.parent / "archive")
-    return out.parent
-
-
-def test_serve_block(bench, results, monkeypatch):
-    report, _ = bench
-    block = render.serve_block()
+def test_serve_table(bench):
+    report, out = bench
+    block = result_tables.serve_table(out.parent)
     assert "| concurrency | batched req/s | unbatched req/s | ratio |" in block
     assert "\n| 8 | " in block and "\n| 64 | " in block and "HTTP/1.1 keep-alive" in block
     assert "Overload" in block and "Soak" in block and "Start" in block
     assert f"Written by `{report['command']}` (`results/serve-bench.json`)." in block
-    monkeypatch.setattr(render, "RESULTS", results / "missing")
-    assert render.serve_block().startswith("Not measured yet")
+    assert result_tables.serve_table(out.parent / "missing").startswith("Not measured yet")
 
 
-def test_serving_goals_row(bench, results):
+def test_serving_goals_row(bench):
     """This machine's kind, the backend the server chose and the options the command gave the servers."""
     report, out = bench
-    assert render.serve_options(report) == "--threads 1" and not render._serves_defaults(report)
+    assert results.serve_options(report) == "--threads 1" and not results.serves_defaults(report)
     assert shlex.split(report["command"])[:2] == ["cifarkit", "bench-serve"]
-    row = next(line for line in render.serving_goals_block().splitlines() if f"`results/{out.name}`" in line)
+    row = next(line for line in result_tables.serving_goals_table(out.parent).splitlines()
+               if f"`results/{out.name}`" in line)
     backend = report["servers"]["batched"]["served"]["backend"]
     assert row.startswith(f"| {backends.cpu_kind()} | ") and f"| {backend}, `--threads 1` |" in row
