@@ -23,6 +23,7 @@ import torch
 from cifarkit.core import device
 from cifarkit.core.files import write_json
 from cifarkit.inference import backends
+from cifarkit.tools.benchmark import SPEED_ONLY
 from cifarkit.tools.speedrun import mean_with_t_interval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +81,7 @@ def main() -> None:
     half = None if interval is None else interval[1] - mean
     print(f"speed-up per step (before / after), per pair: {', '.join(f'{r:.2f}' for r in ratios)}; mean {mean:.2f}"
           + (f" (95% t-interval {interval[0]:.2f} to {interval[1]:.2f})" if interval else ""))
+    print(SPEED_ONLY)
     kind = backends.cpu_kind()
     out = ROOT / (args.json or Path("results") / f"profile-ab-{args.recipe}-{kind}.json")
     write_json(out, {
@@ -92,7 +94,7 @@ def main() -> None:
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "cpu_kind": kind,
         "environment": device.report(torch.device("cpu")), "before": commit, "after": after,
         "order": order, "steps_per_profile": args.steps, "runs": runs, "speedup_per_pair": ratios,
-        "speedup_mean": mean, "speedup_ci95_half_width": half,
+        "speedup_mean": mean, "speedup_ci95_half_width": half, "accuracy": SPEED_ONLY,
     })
     print(f"wrote {out.relative_to(ROOT)}")
 
