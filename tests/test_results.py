@@ -110,7 +110,7 @@ def test_a_figure_taken_under_isa_caps_names_them_beside_the_processor():
 @pytest.mark.parametrize("recorded, shown", [(1536, "batch 1,536, tcmalloc | 6.0 s per step (256 img/s)"),
                                              (None, "batch 2,000, tcmalloc | 6.0 s per step (333 img/s)")])
 def test_an_ab_row_names_the_batch_its_runs_timed(folder, recorded, shown):
-    """The A/B file's own batch; a file from before ab_profile recorded it timed `fast` at its old batch, 2,000."""
+    """The A/B file's own batch; a file from before the A/B recorded it timed `fast` at its old batch, 2,000."""
     runs = [{"step_s": step, "precision": "fp32", "allocator": "tcmalloc"} for step in (5.5, 6.5)]
     for run in runs:
         if recorded is not None:

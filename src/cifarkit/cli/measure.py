@@ -116,11 +116,28 @@ def cmd_profile(args) -> None:
     from cifarkit.tools import profiling
     from cifarkit.training.config import load_recipe
     from cifarkit.training.tracking import stamp
+    if args.before:
+        _profile_against(args)
+        return
     result = profiling.run(load_recipe(args.recipe or DEFAULT_RECIPE, overrides(args)), args.steps)
     print(profiling.table(result))
     if args.json:
         write_json(args.json, {**stamp(), "command": command_line(args), **result})
         print(f"wrote {args.json}")
+
+
+def _profile_against(args) -> None:
+    from cifarkit.core.files import write_json
+    from cifarkit.tools import step_ab
+    from cifarkit.training.config import load_recipe
+    from cifarkit.training.tracking import stamp
+    recipe = args.recipe or DEFAULT_RECIPE
+    load_recipe(recipe, overrides(args))  # a bad value fails here, before the worktree and the minutes of profiling
+    result = step_ab.compare(args.before, recipe, overrides(args), args.steps, args.pairs)
+    print(step_ab.summary(result))
+    out = args.json or f"results/profile-ab-{Path(recipe).stem}-{result['cpu_kind']}.json"
+    write_json(out, {**stamp(), "command": command_line(args), **result})
+    print(f"wrote {out}")
 
 
 def cmd_speedrun(args) -> None:
@@ -224,6 +241,11 @@ def register(sub) -> None:
     p = command(sub, "profile", "where a recipe's training step spends its time (torch.profiler table, page faults)")
     add_recipe_options(p)
     p.add_argument("--steps", type=bounded(1), default=10, help="steps timed, then as many profiled (default: 10)")
+    p.add_argument("--before", metavar="COMMIT",
+                   help="compare the step with a commit's instead: whole profiles of each, taking turns, from a "
+                        "git checkout; writes results/profile-ab-RECIPE-KIND.json unless --json")
+    p.add_argument("--pairs", type=bounded(1), default=3,
+                   help="with --before: before/after pairs, in ABBA order (default: 3)")
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(func=cmd_profile)
     p = command(sub, "reference", "time a recipe against the published airbench speedruns in alternating rounds; "

@@ -24,7 +24,7 @@ from cifarkit.tools.results import (
 )
 from cifarkit.tools.speedrun import describe_difference, difference_of_means
 
-# lab/ab_profile.py records the batch since 2026-12-06; every A/B file written before timed `fast` at batch 2,000,
+# The A/B files record the batch since 2026-12-06; every A/B file written before timed `fast` at batch 2,000,
 # its batch until 5276c1b (`git show COMMIT:src/cifarkit/training/recipes/fast.yaml` at each file's "after").
 AB_BATCH_BEFORE_RECORDED = 2000
 

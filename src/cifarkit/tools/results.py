@@ -99,7 +99,7 @@ def commit_and_date(folder: Path, path: Path, data: dict) -> tuple[str, str]:
 QUESTIONS = (
     (("speedrun-", "release-"), "How accurate is a recipe, and how long does a run take? (`cifarkit speedrun`)"),
     (("compare-reference",), "How does `fast` compare with the airbench references? (`cifarkit reference`)"),
-    (("profile-ab-",), "Did a code change make the training step faster? (`python lab/ab_profile.py`)"),
+    (("profile-ab-",), "Did a code change make the training step faster? (`cifarkit profile --before COMMIT`)"),
     (("profile-", "freeze-profile-"), "Where does a training step's time go? (`cifarkit profile`)"),
     (("bench-",), "Training throughput per model, precision, device and process count (`cifarkit bench`)"),
     (("serve-bench",), "How fast does the server answer? (`cifarkit bench-serve`)"),
