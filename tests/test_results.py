@@ -141,3 +141,11 @@ def test_the_results_command_names_a_missing_folder_and_the_fix(tmp_path, capsys
     assert main(["results", str(tmp_path / "nothing")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "is not a folder" in error and "(default: results)" in error
+
+
+def test_an_archived_file_without_a_reason_says_so(folder):
+    (folder / "archive").mkdir()
+    (folder / "archive" / "speedrun-fast-old.json").write_text(json.dumps(_speedrun("cpu", [0.95], "2026-12-09")))
+    assert results.status(folder, folder / "archive" / "speedrun-fast-old.json") == (
+        "superseded: no reason given in archive/reasons.yaml")
+    assert "| superseded: no reason given in archive/reasons.yaml |" in results.index_table(folder)

@@ -23,8 +23,9 @@ ARCHIVE, PROVENANCE = "archive", "provenance.json"
 
 
 def archive_reasons(folder: Path) -> dict[str, str]:
-    """results/archive/'s files, each with the reason it is history (results/archive/reasons.yaml)."""
-    return yaml.safe_load((folder / ARCHIVE / "reasons.yaml").read_text())
+    """The archive's files, each with the reason it is history (archive/reasons.yaml; none where it is missing)."""
+    reasons = folder / ARCHIVE / "reasons.yaml"
+    return (yaml.safe_load(reasons.read_text()) or {}) if reasons.is_file() else {}
 
 
 def result_files(folder: Path, pattern: str) -> list[Path]:
@@ -33,7 +34,7 @@ def result_files(folder: Path, pattern: str) -> list[Path]:
 
 
 def current_files(folder: Path, pattern: str) -> list[tuple[Path, dict]]:
-    """The current JSON files matching `pattern`, each with its contents: what the README may show."""
+    """The current JSON files matching `pattern`, each with its contents: all that the standing may show."""
     return [(path, json.loads(path.read_text())) for path in sorted(folder.glob(pattern))]
 
 
@@ -46,7 +47,7 @@ def status(folder: Path, path: Path) -> str:
     """"current" (with the note results/notes.yaml keeps for it, if any), or "superseded" with the archive's
     reason."""
     if path.parent != folder:
-        return f"superseded: {archive_reasons(folder)[path.name]}"
+        return f"superseded: {archive_reasons(folder).get(path.name, 'no reason given in archive/reasons.yaml')}"
     note = note_on(folder, path)
     return f"current ({note})" if note else "current"
 
