@@ -28,6 +28,11 @@ pytestmark = pytest.mark.e2e
 CHECK = FLOORS["training"]["fast-2-epochs-2-ranks-sample"]  # its settings and floor, measured on 2 ranks
 TRAIN = ["train", "--recipe", CHECK["recipe"]] + [arg for s in CHECK["overrides"] for arg in ("--set", s)]
 FAULT_CHILD = Path(__file__).with_name("dist_fault_child.py")
+# Now and then a 2-rank launch loses rank 1 to this abort from libstdc++ (a std::thread destroyed while joinable,
+# somewhere in native code; seen in about one of six full suites, in resumed launches and once in the first launch
+# at the end of epoch 1, never alone; the cause is not known yet). Launching or resuming again completes the run,
+# byte for byte: that much is tested, and the abort is reported as a warning so that it stays visible.
+KNOWN_ABORT = "terminate called without an active exception"
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +68,13 @@ def epochs(run: Path) -> list[int]:
 def two_ranks(home, tmp_path_factory) -> Path:
     """`cifarkit train --nproc 2` without --out, in a folder of its own: the unbroken 2-rank run."""
     where = tmp_path_factory.mktemp("two-ranks")
-    cwd = os.getcwd()
-    os.chdir(where)
-    try:
-        assert main(TRAIN + ["--nproc", "2"]) == 0
-    finally:
-        os.chdir(cwd)
+    launch = [sys.executable, "-m", "cifarkit", *TRAIN, "--nproc", "2"]
+    done = subprocess.run(launch, cwd=where, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0 and KNOWN_ABORT in done.stderr:  # the abort below, seen here too: a fresh launch
+        warnings.warn(f"the 2-rank launch aborted ({KNOWN_ABORT!r}); launched it again")
+        shutil.rmtree(where / "runs")
+        done = subprocess.run(launch, cwd=where, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
     runs = list((where / "runs").iterdir())
     assert len(runs) == 1, runs  # rank 0 names the folder, and the other rank writes nothing
     return runs[0]
@@ -120,13 +126,6 @@ def test_a_rank_dead_in_native_code_names_where_and_the_restarted_ranks_resume_t
     assert "resuming" in (run / "train.log").read_text()
     assert epochs(run) == [1, 2]  # every epoch once: the killed attempt's epoch 2 was never recorded
     assert same(weights(run), weights(two_ranks))
-
-
-# Now and then a resumed 2-rank launch loses rank 1 during its setup to this abort from libstdc++ (a std::thread
-# destroyed while joinable, somewhere in native code; seen in about one of six full suites, never alone; the cause
-# is not known yet). `--resume` again completes the run, byte for byte: that much is tested, and the abort is
-# reported as a warning so that it stays visible.
-KNOWN_ABORT = "terminate called without an active exception"
 
 
 def resume_two_ranks(run: Path, capfd) -> int:
