@@ -26,7 +26,7 @@ from cifarkit.core.files import write_text
 from cifarkit.inference import backends
 from cifarkit.release.compare import compare
 from cifarkit.tools import result_tables as tables
-from cifarkit.tools.result_tables import not_measured, read_result
+from cifarkit.tools.result_tables import not_measured
 from cifarkit.tools.results import (
     ARCHIVE,
     PROVENANCE,
@@ -159,10 +159,11 @@ def predict_block() -> str:
 
 def containers_block() -> str:
     """results/container-check.json, written by lab/container_check.py: both images built offline and run."""
-    result = read_result(RESULTS, "container-check.json")
-    if result is None:
+    path = RESULTS / "container-check.json"
+    if not path.exists():
         return not_measured("container-check.json",
                              "python lab/container_check.py --json results/container-check.json")
+    result = json.loads(path.read_text())
     base, wheels, cpu = result["base"], result["wheelhouse"], result["cpu"]
     serving = cpu["serving"]
     releases = ", ".join(sorted({p["model"] for p in serving["predictions"].values()}))

@@ -147,11 +147,6 @@ def machine_speeds(runs: list[dict]) -> str:
                                                                     f" ({len(runs) - len(probed)} not probed)")
 
 
-def read_result(folder: Path, name: str) -> dict | None:
-    path = folder / name
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def not_measured(name: str, command: str) -> str:
     return f"Not measured yet: `{command}` writes `results/{name}`."
 

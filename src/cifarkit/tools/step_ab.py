@@ -20,6 +20,7 @@ from cifarkit.core import device
 from cifarkit.core.errors import CifarkitError
 from cifarkit.tools.benchmark import SPEED_ONLY
 from cifarkit.tools.speedrun import mean_with_t_interval
+from cifarkit.training.tracking import git_source
 
 SOURCE = Path(__file__).resolve().parent.parent.parent  # the src/ folder of this checkout
 
@@ -30,13 +31,13 @@ def _git(*args: str, cwd: Path = SOURCE) -> str:
 
 def _checkout() -> tuple[Path, str]:
     """The root of the git checkout cifarkit runs from, and its HEAD as the after side names it."""
-    try:
-        root, head = Path(_git("rev-parse", "--show-toplevel")), _git("rev-parse", "--short", "HEAD")
-    except (OSError, subprocess.CalledProcessError):
+    source = git_source()
+    if source is None:
         raise CifarkitError(f"--before compares commits, and {SOURCE} is not the src/ folder of a git checkout; run "
-                            f"cifarkit from a checkout (`pip install -e .` in it)") from None
-    changed = _git("status", "--porcelain", ".")
-    return root, f"{head} with uncommitted changes to src/" if changed else head
+                            f"cifarkit from a checkout (`pip install -e .` in it)")
+    head = source["commit"][:7]
+    after = f"{head} with uncommitted changes to src/" if source["modified"] else head
+    return Path(_git("rev-parse", "--show-toplevel")), after
 
 
 def _profile(source: Path, recipe: str, overrides: list[str], steps: int, out: Path) -> dict:
