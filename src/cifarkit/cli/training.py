@@ -1,7 +1,8 @@
-"""`cifarkit train`, `eval` and `validate`: a recipe trained into a run folder, weights measured, and recipe variants
-compared on a validation split."""
+"""`cifarkit train`, `eval` and `tune`: a recipe trained into a run folder, weights measured, and recipe values
+searched on a validation split."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from cifarkit.cli.common import (
@@ -60,16 +61,39 @@ def cmd_eval(args) -> None:
     print(f"confusion matrix: {result['confusion_png']}")
 
 
-def cmd_validate(args) -> None:
+def cmd_tune(args) -> None:
     from cifarkit.core.files import write_json
-    from cifarkit.tools import validation
-    from cifarkit.training.config import check_seed
-    for seed in args.seeds:
-        check_seed(seed, "--seeds")
-    report = validation.run(args.recipe, args.variant, args.seeds, args.val_split, Path(args.runs_dir))
+    from cifarkit.tools import tune
+    plan = tune.plan_study(args.recipe or DEFAULT_RECIPE, overrides(args), args.space,
+                           [seed for listed in args.seeds for seed in listed], args.val_split, args.sampler,
+                           args.pruner, args.prune_after, args.trials)
+    out = Path(args.out) if args.out else tune.default_out(plan)
+    report = tune.run(plan, out, args.storage, args.study)
     print("\n".join(report["table"]))
-    write_json(args.json, {"command": command_line(args), **report})
-    print(f"wrote {args.json}")
+    if report["best"]:
+        best = report["best"]
+        print(f"best: trial {best['number']}, {100 * best['mean']:.2f}% "
+              f"({' '.join(tune.override(k, v) for k, v in best['params'].items())})")
+    print(f"chart: {report['chart']}")
+    if args.json:
+        # A results file may be committed: a database URL's password stays out of it.
+        argv = [word.replace(args.storage, tune.without_password(args.storage)) for word in args.argv] \
+            if args.storage else args.argv
+        write_json(args.json, {"command": command_line(argparse.Namespace(argv=argv)), **report})
+        print(f"wrote {args.json}")
+    print(f"the study in a browser (pip install optuna-dashboard): {tune.dashboard_command(args.storage, out)}")
+
+
+def seed_list(text: str) -> list[int]:
+    """An argparse type: a seed, or an inclusive range of them (0..15)."""
+    first, dots, last = text.partition("..")
+    try:
+        seeds = list(range(int(first), int(last) + 1)) if dots else [int(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a seed or a range of seeds such as 0..15: {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"{text} is an empty range; give the smaller seed first")
+    return seeds
 
 
 def register(sub) -> None:
@@ -94,20 +118,34 @@ def register(sub) -> None:
     p.add_argument("--figure", help="confusion-matrix figure, .png/.jpg/.pdf/.svg (default: confusion.png beside a "
                                     "run's weights; confusion_version_NAME.png here for a release)")
     p.set_defaults(func=cmd_eval)
-    p = command(sub, "validate", "train recipe variants on a validation split, seed by seed, and compare each with the "
-                                 "first (never reads the test set)")
-    p.add_argument("--recipe", default=DEFAULT_RECIPE,
-                   help=f"built-in recipe name or YAML path that every variant starts from (default: {DEFAULT_RECIPE})")
-    p.add_argument("--val-split", type=bounded(1, why="images held out to validate on"), default=5000, metavar="N",
-                   help="training images held out (data.val_split; default: 5000)")
-    p.add_argument("--seeds", type=bounded(0), nargs="+", default=[0, 1], metavar="SEED",
-                   help="seeds to train every variant on; each variant is compared with the first on the same seed "
+    p = command(sub, "tune", "search recipe values with Optuna on a validation split, seeds as repeats (never reads "
+                             "the test set)")
+    add_recipe_options(p, skip=("seed",))  # --seeds sets the seeds
+    p.add_argument("--space", action="append", default=[], metavar="KEY=KIND:...",
+                   help="a recipe key and its values to search (repeatable): KEY=float:LOW:HIGH, KEY=log:LOW:HIGH, "
+                        "KEY=int:LOW:HIGH[:STEP] or KEY=choice:A,B,...")
+    p.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
+                   help="how trials choose values: Optuna's TPE, uniformly at random, or every point of a grid of "
+                        "choices once, each compared with the first seed by seed (default: tpe)")
+    p.add_argument("--trials", type=bounded(1), metavar="N",
+                   help="trials the study runs, counted over all its workers (a grid's are its points)")
+    p.add_argument("--seeds", type=seed_list, nargs="+", default=[[0], [1]], metavar="SEED",
+                   help="seeds each trial trains, one run each, its value their mean; a seed or a range, 0..15 "
                         "(default: 0 1)")
-    p.add_argument("--variant", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
-                   help="a name and its recipe overrides (repeatable); the first variant is the one the others are "
-                        "read against")
-    p.add_argument("--runs-dir", default="runs/validation",
-                   help="folder of the runs, one NAME-sSEED folder each; finished runs there are read, not trained "
-                        "again (default: runs/validation)")
-    p.add_argument("--json", required=True, help="where to write the table, the runs' figures and the command")
-    p.set_defaults(func=cmd_validate)
+    p.add_argument("--val-split", type=bounded(1, why="images held out to validate on"), default=5000, metavar="N",
+                   help="training images held out to score the trials on (data.val_split; default: 5000)")
+    p.add_argument("--pruner", choices=("median", "none"),
+                   help="median: stop a trial whose validation accuracy after an epoch is below the median of the "
+                        "finished trials' at the same seed and epoch (default: median; none with --sampler grid)")
+    p.add_argument("--prune-after", type=bounded(0), default=5, metavar="N",
+                   help="trials that finish before the pruner stops any (default: 5)")
+    p.add_argument("--out", metavar="FOLDER",
+                   help="run folder: the study (study.log), its chart, and one run folder per trial and seed, "
+                        "trial-NNNN-sSEED; the same command again resumes it (default: runs/tune-<recipe>-<time>)")
+    p.add_argument("--storage", metavar="URL",
+                   help="a study shared by several workers, on this machine or others: journal:PATH (a file, on a "
+                        "shared folder for several machines) or a database URL (sqlite:///PATH, postgresql://...) "
+                        "(default: the run folder's study.log)")
+    p.add_argument("--study", metavar="NAME", help="the study's name in the storage (default: the run folder's name)")
+    p.add_argument("--json", help="also write the table, every trial's values and the command to this file")
+    p.set_defaults(func=cmd_tune)

@@ -1,2 +1,2 @@
-"""Measurements: training and inference benchmarks, the profiler, timed speed runs, recipe variants compared on a
+"""Measurements: training and inference benchmarks, the profiler, timed speed runs, recipe values searched on a
 validation split, and the load test of `cifarkit serve`."""

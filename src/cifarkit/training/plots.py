@@ -1,10 +1,12 @@
-"""Figures: training curves, a labelled sample grid, a confusion matrix, speed-run and release charts.
+"""Figures: training curves, a labelled sample grid, a confusion matrix, speed-run, release and tuning charts.
 
 Each function writes its file atomically, in the format its suffix names (FORMATS), and returns the figure, which
 pyplot never holds, so its axes can be inspected.
 """
 from __future__ import annotations
 
+import itertools
+import json
 import textwrap
 from pathlib import Path
 
@@ -38,9 +40,9 @@ def _save(fig: Figure, path: Path) -> Figure:
     return fig
 
 
-def _subplots(*grid: int, figsize: tuple[float, float]):
+def _subplots(*grid: int, figsize: tuple[float, float], squeeze: bool = True):
     fig = Figure(figsize=figsize)
-    return fig, fig.subplots(*grid)
+    return fig, fig.subplots(*grid, squeeze=squeeze)
 
 
 def curves(records: list[dict], path: Path) -> Figure:
@@ -156,4 +158,35 @@ def device_speedups(report: dict, path: Path) -> Figure:
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def tune_history(trials: list[dict], searched: dict[str, bool], path: Path) -> Figure:
+    """A tuning study (`cifarkit tune`): each complete trial's mean validation accuracy by trial number, with the best
+    so far, then one panel per searched key (`searched`: key -> drawn on a log axis) with that accuracy against its
+    value. Pruned and failed trials have no mean and are left out."""
+    scored = [t for t in trials if t["mean"] is not None]
+    fig, axes = _subplots(1, 1 + len(searched), figsize=(4.5 * (1 + len(searched)), 4), squeeze=False)
+    history, *panels = axes[0]
+    numbers, means = [t["number"] for t in scored], [100 * t["mean"] for t in scored]
+    history.plot(numbers, means, "o", label="trial")
+    history.step(numbers, list(itertools.accumulate(means, max)), where="post", label="best so far")
+    history.set(xlabel="trial", ylabel="mean validation accuracy (%)", title="history")
+    history.xaxis.set_major_locator(MaxNLocator(integer=True))
+    history.legend(fontsize=8)
+    for ax, (key, log) in zip(panels, searched.items()):
+        values = [t["params"][key] for t in scored]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            ax.plot(values, means, "o")
+            if log:
+                ax.set_xscale("log")
+                ax.tick_params(axis="x", which="minor", labelbottom=False)  # 2x10^-4, 3x10^-4, ... would overlap
+        else:  # choices that are not numbers: one column each, in the order first met, written as --set takes them
+            shown = [v if isinstance(v, str) else json.dumps(v) for v in values]
+            labels = list(dict.fromkeys(shown))
+            ax.plot([labels.index(v) for v in shown], means, "o")
+            ax.set_xticks(range(len(labels)), labels)
+        ax.set(xlabel="value", title=key)
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
     return _save(fig, path)
