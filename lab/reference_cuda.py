@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from cifarkit.core.errors import CifarkitError
-from cifarkit.tools.reference import check_muon_file, write_reference_data
+from cifarkit.tools.reference import USER_COPIES, write_reference_data
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     try:
-        muon_file = check_muon_file(args.muon).resolve()
+        muon_file = USER_COPIES["airbench94_muon"].check(args.muon).resolve()
     except CifarkitError as e:
         sys.exit(f"reference_cuda: {e}")
 

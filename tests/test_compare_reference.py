@@ -19,7 +19,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-MUON = reference.MUON
+MUON, RECORD = reference.MUON, reference.RECORD
 FIXTURE = ROOT / "tests" / "fixtures" / "compare-reference-subset.json"
 SETTINGS = {"recipe": "fast", "references": ["airbench94_muon"], "first_seed": 0, "subset": None, "cpu_kind": "avx2",
             "processor": "AMD EPYC", "threads": 2, "precision_policy": "fp32", "newton_schulz_dtype": "float32",
@@ -49,15 +49,17 @@ def test_ratio_interval_is_the_t_interval_of_the_per_round_ratios():
     assert reference.ratio_statistics([1.25])["ci95"] is None
 
 
-def test_muon_file_is_required_and_checked(tmp_path):
-    with pytest.raises(CifarkitError, match="curl -LO https://raw.githubusercontent.com/KellerJordan"):
-        reference.check_muon_file(None)
+@pytest.mark.parametrize("name, repository", [(MUON, "KellerJordan"), (RECORD, "hiverge")])
+def test_a_user_copy_is_required_and_checked(tmp_path, name, repository):
+    copy = reference.USER_COPIES[name]
+    with pytest.raises(CifarkitError, match=f"curl -LO https://raw.githubusercontent.com/{repository}"):
+        copy.check(None)
     with pytest.raises(CifarkitError, match="no such file"):
-        reference.check_muon_file(str(tmp_path / "airbench94_muon.py"))
+        copy.check(str(tmp_path / f"{name}.py"))
     wrong = tmp_path / "other.py"
     wrong.write_text("class CifarNet:\n    pass\n")
-    with pytest.raises(CifarkitError, match="does not look like airbench94_muon.py .*Muon, main"):
-        reference.check_muon_file(str(wrong))
+    with pytest.raises(CifarkitError, match=f"does not look like {name}.py .*Muon, main"):
+        copy.check(str(wrong))
 
 
 def test_the_command_has_help(capsys):
@@ -65,13 +67,13 @@ def test_the_command_has_help(capsys):
         main(["reference", "--help"])
     out = capsys.readouterr().out
     assert done.value.code == 0
-    assert "time a recipe against the published airbench speedruns" in out
-    assert all(option in out for option in ("--muon", "--references", "--runs", "--first-seed", "--recipe", "--set",
-                                            "--subset", "--json"))
+    assert "time a recipe against the published CIFAR-10 speedruns" in out
+    assert all(option in out for option in ("--muon", "--record", "--references", "--runs", "--first-seed",
+                                            "--recipe", "--set", "--bracket-epochs", "--subset", "--json"))
 
 
 def test_a_bad_reference_file_is_one_line_that_names_the_problem_and_the_fix(tmp_path, capsys):
-    fetch = f"download it with `curl -LO {reference.MUON_URL}` and pass --muon airbench94_muon.py"
+    fetch = f"download it with `curl -LO {reference.USER_COPIES[MUON].url}` and pass --muon airbench94_muon.py"
     missing = tmp_path / "airbench94_muon.py"
     assert main(["reference", "--muon", str(missing)]) == 2
     assert error_line(capsys) == f"cifarkit: error: --muon {missing}: no such file; {fetch}"
@@ -81,11 +83,13 @@ def test_a_bad_reference_file_is_one_line_that_names_the_problem_and_the_fix(tmp
     assert error_line(capsys) == (f"cifarkit: error: --muon {other} does not look like airbench94_muon.py (no "
                                   f"CifarNet, CifarLoader, Muon, evaluate, zeropower_via_newtonschulz5); {fetch}")
     assert main(["reference"]) == 2
-    assert error_line(capsys).startswith("cifarkit: error: airbench94_muon is the first reference and is not a "
+    assert error_line(capsys).startswith("cifarkit: error: airbench94_muon (Jordan's 2024 record) is not a "
                                          "package: download it with `curl -LO ")
+    assert main(["reference", "--references", RECORD]) == 2
+    assert "cifar10_speedrun (the Hive's 2025 record) is not a package" in error_line(capsys)
     assert main(["reference", "--references", "airbench95"]) == 2
     assert error_line(capsys) == ("cifarkit: error: --references airbench95: no such reference; choose from "
-                                  "airbench94_muon, airbench94")
+                                  "airbench94_muon, cifar10_speedrun, airbench94")
 
 
 def fake_side(side, seed):
@@ -111,7 +115,7 @@ def test_a_later_command_runs_only_the_missing_rounds_in_abba_order(tmp_path):
     assert [r["seed"] for r in rounds] == [0, 1, 2]
     muon_file = tmp_path / "airbench94_muon.py"
     muon_file.write_text("# the user's copy\n")
-    summary = reference.summarize(rounds, ["airbench94_muon"], muon_file)
+    summary = reference.summarize(rounds, ["airbench94_muon"], {MUON: muon_file}, None)
     assert summary["orders"] == reference.round_orders(sides, 3)
     ratios = summary["references"]["airbench94_muon"]["speedup"]["whole_process"]["per_round"]
     assert ratios == pytest.approx([130 / 100, 131 / 101, 132 / 102])
@@ -193,7 +197,7 @@ def comparison(rounds: list[dict], tmp_path, settings: dict = SETTINGS) -> dict:
     muon_file.write_text("# the user's copy\n")
     environment = json.loads(FIXTURE.read_text())["environment"]
     command = "cifarkit reference --muon airbench94_muon.py --references airbench94_muon --runs 3 --json r.json"
-    return reference.results(rounds, json.loads(json.dumps(settings)), environment, command, muon_file)
+    return reference.results(rounds, json.loads(json.dumps(settings)), environment, command, {MUON: muon_file})
 
 
 def test_every_ratio_stands_beside_the_accuracy_difference_and_the_goal_is_judged_in_words(tmp_path):
@@ -215,16 +219,17 @@ def test_every_ratio_stands_beside_the_accuracy_difference_and_the_goal_is_judge
     assert "95% Welch interval" in row
     assert (f"--recipe fast against {MUON}: 1.40x as fast (whole process), mean test accuracy "
             f"{describe_difference(difference)}") in printed
-    assert printed[-1] == (f"goal (--recipe fast >= {reference.GOAL}x {MUON}, whole process, at equal or better mean "
+    assert printed[-1] == (f"goals (--recipe fast >= 1.3x {MUON} and 1.25x {RECORD}, whole process, at equal "
                            f"accuracy): met")
     round_line = reference.round_lines(rounds, [MUON])[0]
     assert round_line.startswith(f"round 3: cifarkit 1.40x as fast as {MUON}, whole process (1.40x training)")
     assert round_line.endswith(f"cifarkit minus {MUON}: {describe_difference(difference)}")
 
-    assert comparison(rounds_of(ours, theirs, 1.2), tmp_path)["verdict"] == "not met: 1.20x as fast, under 1.3x"
+    slower = comparison(rounds_of(ours, theirs, 1.2), tmp_path)
+    assert slower["verdict"] == f"not met: {MUON}: 1.20x as fast, under 1.3x"
     lower = comparison(rounds_of(theirs, ours, 1.2), tmp_path)
-    shortfall = (f"not met: 1.20x as fast, under 1.3x and mean accuracy {100 * difference['difference']:.2f} points "
-                 f"lower")
+    shortfall = (f"not met: {MUON}: 1.20x as fast, under 1.3x and mean accuracy {100 * difference['difference']:.2f} "
+                 f"points lower")
     assert lower["verdict"] == shortfall and reference.table(lower).endswith(f"accuracy): {shortfall}")
     subset = comparison(rounds[:1], tmp_path, {**SETTINGS, "subset": 2000})
     assert subset["verdict"] == "not judged: trained on 2,000 images only, a check that every side runs"

@@ -94,9 +94,39 @@ def test_a_file_that_cifarkit_reference_writes_renders(tmp_path):
     muon_file.write_text("# the user's copy\n")
     command = "cifarkit reference --muon airbench94_muon.py --references airbench94_muon --runs 3 --recipe fast"
     result = json.loads(json.dumps(reference.results(rounds, json.loads(json.dumps(SETTINGS)), fixture["environment"],
-                                                     command, muon_file)))
+                                                     command, {"airbench94_muon": muon_file})))
     block = result_tables.comparison_table(result)
     assert f"(`{command}`)" in block
     assert "Unfinished: 2 of the command's 3 rounds so far." in block
     row = next(line for line in block.splitlines() if line.startswith("| airbench94_muon"))
     assert f"{result['references']['airbench94_muon']['speedup']['whole_process']['mean']:.2f}x" in row
+
+
+def test_a_comparison_with_a_second_budget_gives_the_speed_up_at_equal_accuracy(tmp_path):
+    """Rounds of `fast` at 7 and 8 epochs around the reference's accuracy: the block and the README's row read
+    the speed-up at equal accuracy, not the ratio at the recipe's own, less accurate budget."""
+    fixture = json.loads(FIXTURE.read_text())
+    ours, theirs = fixture["cifarkit"]["runs"][0], fixture["references"]["airbench94_muon"]["runs"][0]
+    sides = ["cifarkit", "cifarkit@8", "airbench94_muon"]
+
+    def row(base: dict, seed: int, accuracy: float, seconds: float) -> dict:
+        return {**base, "seed": seed, "test_acc": accuracy, "test_acc_6_views": accuracy, "wall_time_s": seconds,
+                "train_time_s": seconds - 10}
+    rounds = [{"seed": seed, "order": order, "commit": "a958d0b", "finished": "2026-12-07T09:10:00+00:00",
+               "runs": {"cifarkit": row(ours, seed, 0.938 + 0.001 * seed, 100.0),
+                        "cifarkit@8": row(ours, seed, 0.942 + 0.001 * seed, 110.0),
+                        "airbench94_muon": row(theirs, seed, 0.9398 + 0.001 * seed, 150.0)}}
+              for seed, order in enumerate(reference.round_orders(sides, 2))]
+    muon_file = tmp_path / "airbench94_muon.py"
+    muon_file.write_text("# the user's copy\n")
+    settings = {**SETTINGS, "budgets": {"cifarkit": 7, "cifarkit@8": 8.0}}
+    command = "cifarkit reference --muon airbench94_muon.py --runs 2 --bracket-epochs 8"
+    result = json.loads(json.dumps(reference.results(rounds, settings, fixture["environment"], command,
+                                                     {"airbench94_muon": muon_file})))
+    block = result_tables.comparison_table(result)
+    assert "| `cifarkit train --recipe fast` `--set train.epochs=8` | 2 |" in block
+    ratio = 150.0 / 104.5  # 94.03% is 0.45 of the way from 93.85% to 94.25%: 7.45 epochs, 104.5 s
+    assert f"cifarkit needs 7.45 epochs; {ratio:.2f}x" in block
+    from cifarkit.tools import results
+    assert results._against_reference(result).startswith(f"{ratio:.2f}x as fast as airbench94_muon at equal "
+                                                         f"accuracy (95% interval ")

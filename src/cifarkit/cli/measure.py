@@ -160,29 +160,36 @@ def cmd_speedrun(args) -> None:
 def cmd_reference(args) -> None:
     from cifarkit.tools import reference
     from cifarkit.training.config import check_seed
-    references = args.references or list(reference.REFERENCES)
+    references = args.references or list(reference.GOALS)
     reference.check_references(references)
-    muon_file = reference.check_muon_file(args.muon) if reference.MUON in references else None
+    given = {reference.MUON: args.muon, reference.RECORD: args.record}
+    files = {name: copy.check(given[name]) for name, copy in reference.USER_COPIES.items() if name in references}
     check_seed(args.first_seed, "--first-seed")
     check_seed(args.first_seed + args.runs - 1, "the last seed, --first-seed + --runs - 1")
     reference.check_variant(args.recipe, args.set)
-    result = reference.compare(muon_file=muon_file, references=references, runs=args.runs,
-                               first_seed=args.first_seed, recipe=args.recipe, overrides=args.set,
+    result = reference.compare(files=files, references=references, runs=args.runs, first_seed=args.first_seed,
+                               recipe=args.recipe, overrides=args.set, brackets=args.bracket_epochs,
                                subset=args.subset, json_path=args.json,
-                               command=_reference_command(args, references, muon_file))
+                               command=_reference_command(args, references, files))
     print(reference.table(result))
     if args.json:
         print(f"wrote {args.json}")
 
 
-def _reference_command(args, references: list[str], muon_file: Path | None) -> str:
+def _reference_command(args, references: list[str], files: dict[str, Path]) -> str:
     """The command in full, for the results: every option spelled out (a later default may differ, and the README
-    reads the rounds asked for from --runs), and the user's copy of airbench94_muon by its name alone."""
+    reads the rounds asked for from --runs), and the user's copies of the references by their names alone."""
     from cifarkit.core.files import portable
-    words = ["cifarkit", "reference", *(["--muon", muon_file.name] if muon_file else []), "--references",
-             *references, "--runs", str(args.runs), "--first-seed", str(args.first_seed), "--recipe", args.recipe]
+    from cifarkit.tools.reference import USER_COPIES
+    words = ["cifarkit", "reference"]
+    for name, file in files.items():
+        words += [USER_COPIES[name].option, file.name]
+    words += ["--references", *references, "--runs", str(args.runs), "--first-seed", str(args.first_seed),
+              "--recipe", args.recipe]
     for override in args.set:
         words += ["--set", override]
+    if args.bracket_epochs:
+        words += ["--bracket-epochs", *(f"{epochs:g}" for epochs in args.bracket_epochs)]
     words += (["--subset", str(args.subset)] if args.subset else []) + (["--json", portable(args.json)]
                                                                          if args.json else [])
     return " ".join(map(shlex.quote, words))
@@ -248,16 +255,19 @@ def register(sub) -> None:
                    help="with --before: before/after pairs, in ABBA order (default: 3)")
     p.add_argument("--json", help="also write the results to this file")
     p.set_defaults(func=cmd_profile)
-    p = command(sub, "reference", "time a recipe against the published airbench speedruns in alternating rounds; "
-                                  "each speed-up beside the accuracy difference")
+    p = command(sub, "reference", "time a recipe against the published CIFAR-10 speedruns in alternating rounds; "
+                                  "the speed-up at equal accuracy, each ratio beside the accuracy difference")
     p.add_argument("--muon", help="your copy of airbench94_muon.py, one file of "
                                   "github.com/KellerJordan/cifar10-airbench (not a package, and not in cifarkit: "
                                   "without it, the error gives the command that downloads it)")
+    p.add_argument("--record", help="your copy of cifar10_speedrun.py, the 2025 record, one file of "
+                                    "github.com/hiverge/cifar10-speedrun (likewise)")
     p.add_argument("--references", nargs="+", metavar="NAME",
-                   help="the references to run: airbench94_muon, airbench94 (default: both)")
+                   help="the references to run: airbench94_muon, cifar10_speedrun, airbench94 (default: the first "
+                        "two, those the goals name)")
     p.add_argument("--runs", type=bounded(1), default=3,
-                   help="rounds, each a run of every side, in alternating order (default: 3; 3 or more for an "
-                        "interval worth reading)")
+                   help="rounds, each a run of every side, in alternating order (default: 3; 8 or more for the "
+                        "verdict at equal accuracy)")
     p.add_argument("--first-seed", type=int, default=0,
                    help="seed of the first round; the others count up (default: 0)")
     p.add_argument("--recipe", default=DEFAULT_RECIPE,
@@ -265,6 +275,10 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of cifarkit's recipe, as `cifarkit train --set` does (repeatable): time a "
                         "variant of it")
+    p.add_argument("--bracket-epochs", type=bounded(0.0, 1000.0, float, why="a training budget in epochs"),
+                   nargs="+", default=[], metavar="E",
+                   help="also train the recipe for E epochs in every round: with its own budget, these bracket a "
+                        "reference's accuracy, and the speed-up is read at equal accuracy (8 for `fast`)")
     p.add_argument("--subset", type=bounded(1, 50_000, why="CIFAR-10 has 50,000 training images"),
                    help="train every side on this many images: a check that everything runs, not a comparison")
     p.add_argument("--json", help="write the results to this file after each round; rounds it already holds with "

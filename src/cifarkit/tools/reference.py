@@ -1,52 +1,63 @@
-"""`cifarkit reference`: a recipe (`fast`) against the published airbench speedruns, timed on this machine, each speed
-ratio beside the accuracy difference.
+"""`cifarkit reference`: a recipe (`fast`) against the published CIFAR-10 speedruns, timed on this machine in the
+same rounds, and the speed-up at equal accuracy.
 
     curl -LO https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py
-    cifarkit reference --muon airbench94_muon.py --runs 3 --json results/compare-reference-avx2.json
+    curl -LO https://raw.githubusercontent.com/hiverge/cifar10-speedrun/main/cifar10_speedrun.py
+    cifarkit reference --muon airbench94_muon.py --record cifar10_speedrun.py --bracket-epochs 8 --runs 8 \
+        --json results/compare-reference-KIND.json
 
 The references, strongest first:
-- airbench94_muon (Jordan, 2024-10: Muon on the conv filters, 8 epochs, batch 2000), whose recipe `fast` adopted.
-  It is one file in the public repository github.com/KellerJordan/cifar10-airbench, not a package: download it as
-  above and give its path to `--muon`. None of its code is in this repository; the results record its sha256.
+- cifar10_speedrun (the Hive, 2025: airbench94_muon's net with SiLU, a batched Newton-Schulz, a brightness and
+  contrast jitter, 7.59 epochs of batch 1536, TTA on the least confident quarter), the A100 record whose values
+  `fast` runs. One file of github.com/hiverge/cifar10-speedrun: download it and give its path to `--record`.
+- airbench94_muon (Jordan, 2024-10: Muon on the conv filters, 8 epochs, batch 2000), whose methods `fast` adopted.
+  One file of github.com/KellerJordan/cifar10-airbench: download it and give its path to `--muon`.
 - airbench94 (airbench==0.1.8's lib_airbench94: 9.9 epochs, Nesterov SGD, lookahead), installed at run time into a
-  temporary venv that sees this environment's torch through a .pth file. `--references airbench94` runs it alone.
+  temporary venv that sees this environment's torch through a .pth file, run only when named in `--references`.
+None of their code is in this repository; the results record the sha256 of the user's copies.
 
-The references are written for CUDA in fp16. Each runs here as cifarkit runs on this CPU, and differs in nothing else:
-- the CPU: `.cuda()` does nothing, `torch.load` maps to the CPU, CUDA's timing events read the host clock;
+The references are written for CUDA in fp16. Each runs here as cifarkit runs on this CPU, and differs in nothing else
+(reference_drivers.py holds the small program that runs each):
+- the CPU: `.cuda()` does nothing, `torch.load` maps to the CPU, CUDA's timing events read the host clock, the
+  record's pinned staging buffer is plain memory;
 - the machine's precision policy, cifarkit's `--precision auto`: fp32 weights, with the forward passes under bf16
   autocast where the CPU computes bf16 natively and in fp32 elsewhere; Muon's Newton-Schulz iteration in bf16 where
-  bf16 is native and in fp32 elsewhere, on both sides (`optim.newton_schulz_dtype`). Autocast covers the forward passes
-  only, as in cifarkit: around the whole run it would also compute the whitening filters' patch covariance in bf16,
-  whose rounding makes eigenvalues negative and the filters NaN;
-- nothing compiled: `fast` does not compile by default, and airbench94_muon's `torch.compile` of its Newton-Schulz
-  function is bypassed (its plain function runs);
+  bf16 is native and in fp32 elsewhere, on every side (`optim.newton_schulz_dtype`). Autocast covers the forward
+  passes only, as in cifarkit: around the whole run it would also compute the whitening filters' patch covariance in
+  bf16, whose rounding makes eigenvalues negative and the filters NaN. The record keeps its Muon momentum in fp16,
+  as it sets it;
+- nothing compiled: `fast` does not compile by default, and the references' `torch.compile` calls are bypassed
+  (their plain functions run);
 - the same allocator, preloaded: tcmalloc where it is installed, else mimalloc from its wheel, as cifarkit's commands
   do;
-- the test set read once, at the end: airbench94_muon's per-epoch test evaluation, only printed and outside its own
-  timer, is skipped, as `fast` evaluates only at the end;
+- the test set read once, at the end: airbench94_muon's per-epoch test evaluation and the record's accuracies without
+  TTA after its timer stops, only printed, are skipped, as `fast` evaluates only at the end;
 - the same data: this machine's CIFAR-10 cache, written as the train.pt / test.pt files their loaders read first.
 
 `--set KEY=VALUE` (repeatable) times a variant of cifarkit's recipe, as `cifarkit train --set` makes it: the
 results record the overrides, and a file's rounds are kept only for the same ones.
 
-Test-time augmentation: the references evaluate 6 views of every test image (TTA level 2). `fast` as shipped gives
-its 5 extra views to the least confident quarter of the images (2.25 views per image); its weights are evaluated again
-after its process ends, untimed, with the same 6 views of every image, in its training precision.
+Accuracy: each side's own TTA as shipped, and the one that decides, 6 views of every image on every side (the image,
+its mirror, and both shifted one pixel each way, weighted as airbench weights them). airbench94_muon's own TTA is
+those 6 views. `fast` and the record give their extra views to the least confident quarter of the images only; their
+weights are evaluated again after their process ends, untimed, with the 6 views of every image, in their training
+precision, by cifarkit's evaluation.
+
+The speed-up at equal accuracy: `--bracket-epochs E` adds a side, the same recipe trained for E epochs, to every
+round. With the recipe's own budget it brackets a reference's mean accuracy (7 and 8 epochs for `fast`), and
+equal_accuracy.py reads `fast`'s time at the reference's accuracy off the line between them: the reference's time
+over that time is the speed-up, with a bootstrap interval over the rounds. The time to a 94% mean is reported beside
+it. Without brackets only the speed ratio at the recipe's own budget is given, beside the accuracy difference.
 
 Two timers per run: the whole process, from launch to exit, imports included; and training alone, each side's own
 clock over its steps (cifarkit's `train_time_s`; a reference's CUDA-event timer, which also covers its whitening
-init, less its final TTA). Rounds alternate the order of the sides (A B, B A, A B, ...: ABBA for two sides), so a slow
-spell of this shared machine falls on all of them; the speed-up is the mean of the per-round ratios, with its 95%
-t-interval. Precision, allocator and threads are read from each timed process.
+init, less its final TTA). Rounds alternate the order of the sides (A B C, C B A, A B C, ...), so a slow spell of this
+shared machine falls on all of them. Precision, allocator and threads are read from each timed process.
 
-A ratio alone says nothing of what it cost: each one is reported beside the accuracy difference (cifarkit's mean test
-accuracy, as shipped, minus the reference's, with its 95% Welch interval), and the goal's verdict is given in words.
-
-A comparison can take longer than one sitting (a round is two full trainings: 1.5 hours on a 2-core AVX2 CPU). With
-`--json`, the file is written after every round, and a later command with the same settings (the same committed
-src/, reference file, CPU kind, threads, precision and allocator) keeps its rounds and runs only the missing ones:
-`--runs 1` today and `--runs 3` tomorrow make the same ABBA comparison. Each round runs whole within one command, so
-its ratio compares two runs made one after the other.
+A comparison can take longer than one sitting (a round is a full training of every side). With `--json`, the file is
+written after every round, and a later command with the same settings (the same committed src/, reference files, CPU
+kind, threads, precision, allocator and brackets) keeps its rounds and runs only the missing ones: `--runs 2` today
+and `--runs 8` tomorrow make the same comparison. Each round runs whole within one command.
 """
 from __future__ import annotations
 
@@ -72,6 +83,20 @@ from cifarkit.core import allocator, device
 from cifarkit.core.errors import CifarkitError, first_line
 from cifarkit.core.files import write_json
 from cifarkit.data import cifar10
+from cifarkit.tools import equal_accuracy
+from cifarkit.tools.reference_drivers import (
+    AIRBENCH94,
+    AIRBENCH94_DRIVER,
+    AIRBENCH94_PACKAGE,
+    MUON,
+    MUON_DRIVER,
+    PRELUDE,
+    RECORD,
+    RECORD_DRIVER,
+    RECORD_VIEWS,
+    REFERENCES,
+    USER_COPIES,
+)
 from cifarkit.tools.speedrun import describe_difference, difference_of_means, mean_with_t_interval, statistics_against
 from cifarkit.training import optim
 from cifarkit.training.config import load_recipe
@@ -80,137 +105,18 @@ from cifarkit.training.engine import evaluate
 log = logging.getLogger("cifarkit")
 
 SOURCE = Path(__file__).resolve().parents[2]  # the src/ folder of a checkout: the code a comparison times
-MUON = "airbench94_muon"
-AIRBENCH94 = "airbench94"
-REFERENCES = (MUON, AIRBENCH94)
-AIRBENCH94_PACKAGE = "airbench==0.1.8"
-MUON_URL = "https://raw.githubusercontent.com/KellerJordan/cifar10-airbench/master/airbench94_muon.py"
-MUON_NAMES = ("CifarNet", "CifarLoader", "Muon", "main", "evaluate", "zeropower_via_newtonschulz5")
-GOAL = 1.3  # issue 31: `fast` at least this many times as fast as airbench94_muon, at equal or better accuracy
+# The goals of issue 64: `fast` at least this many times as fast as each reference, at equal accuracy.
+GOALS = {MUON: 1.3, RECORD: 1.25}
+ROUNDS_FOR_A_VERDICT = 8  # fewer leave the equal-accuracy figure's interval wider than the goals' margins
+ACCURACY_MARK = 0.94  # the time to this mean accuracy is reported beside the speed-ups
 TIMERS = {"whole_process": "launch to exit, imports included",
           "training": "each side's own clock over its training steps"}
-
-# What both reference processes do first: the CPU in place of CUDA, the machine's precision policy, and a record of
-# what the process really ran. argv: seed, data folder, precision (bf16 | fp32), Newton-Schulz dtype, then the
-# driver's own arguments.
-PRELUDE = r"""
-import json, sys, time
-import torch
-from torch import nn
-
-seed, data_dir, precision, newton_schulz = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-torch.manual_seed(seed)
-observed = {"threads": torch.get_num_threads()}
-nn.Module.cuda = lambda self, *args, **kwargs: self
-nn.Module.half = lambda self: self
-torch.Tensor.half = lambda self, *args, **kwargs: self.float()
-load = torch.load
-torch.load = lambda *args, **kwargs: load(*args, **{**kwargs, "map_location": "cpu"})
-if newton_schulz == "float32":  # the one bf16 cast of airbench94_muon is its Newton-Schulz input
-    torch.Tensor.bfloat16 = lambda self, *args, **kwargs: self.to(torch.float32, copy=True)
-
-timed_s = 0.0  # the reference's own timer: the sum of its CUDA-event intervals
-
-class HostEvent:  # torch.cuda.Event(enable_timing=True) on the host clock
-    def __init__(self, *args, **kwargs):
-        self.at = None
-    def record(self, *args):
-        self.at = time.perf_counter()
-    def elapsed_time(self, end):
-        global timed_s
-        timed_s += end.at - self.at
-        return 1e3 * (end.at - self.at)
-
-torch.cuda.Event, torch.cuda.synchronize = HostEvent, lambda *args: None
-
-def in_precision(net):
-    # The forward passes in the machine's precision, returning fp32 logits as cifarkit's do.
-    forward = net.forward
-    def forward_in_precision(*args, **kwargs):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = forward(*args, **kwargs)
-        observed.setdefault("logits_dtype", str(logits.dtype).removeprefix("torch."))
-        return logits.float()
-    net.forward = forward_in_precision
-    return net
-
-def report(test_acc, train_time_s):
-    maps = open("/proc/self/maps").read()
-    observed["allocator"] = next((name for library, name in ALLOCATORS.items() if library in maps), "glibc")
-    print(json.dumps({"test_acc": test_acc, "train_time_s": train_time_s, **observed}))
-"""
-
-# airbench94_muon, loaded from the user's copy (argv[5]) and run once through its own main(), in its data folder.
-MUON_DRIVER = r"""
-import importlib.util, os
-spec = importlib.util.spec_from_file_location("airbench94_muon", sys.argv[5])
-muon = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(muon)
-compiled = muon.zeropower_via_newtonschulz5
-plain = getattr(compiled, "_torchdynamo_orig_callable", None) or compiled.__wrapped__
-
-def newton_schulz(*args, **kwargs):
-    update = plain(*args, **kwargs)
-    observed.setdefault("newton_schulz_dtype", str(update.dtype).removeprefix("torch."))
-    return update
-
-muon.zeropower_via_newtonschulz5 = newton_schulz
-muon.print_training_details = lambda variables, is_final_entry: None
-evaluate, trained = muon.evaluate, {}
-
-def evaluate_at_end(model, loader, tta_level=0):
-    if tta_level == 0:  # the per-epoch evaluation, printed only: skipped
-        return float("nan")
-    trained.setdefault("train_time_s", timed_s)  # its timer so far: whitening init and every training epoch
-    return evaluate(model, loader, tta_level)
-
-muon.evaluate = evaluate_at_end
-os.chdir(data_dir)  # its loaders read cifar10/train.pt and cifar10/test.pt
-model = in_precision(muon.CifarNet().to(memory_format=torch.channels_last))
-test_acc = muon.main(seed, model)
-report(test_acc, trained["train_time_s"])
-"""
-
-# airbench94 from the package: train94 without printing (so without per-epoch evaluation), then its TTA level 2.
-AIRBENCH94_DRIVER = r"""
-import os
-import airbench
-from airbench import lib_airbench94, utils
-
-class CpuLoader(utils.CifarLoader):  # its data on the CPU, from the train.pt / test.pt written for it
-    def __init__(self, path, *args, **kwargs):
-        kwargs["gpu"] = "cpu"
-        super().__init__(os.path.join(data_dir, "cifar10"), *args, **kwargs)
-
-utils.CifarLoader = lib_airbench94.CifarLoader = CpuLoader
-model = lib_airbench94.train94(make_net=lambda: in_precision(lib_airbench94.make_net94()), verbose=False)
-train_time_s = timed_s
-test_acc = airbench.evaluate(model, CpuLoader(None, train=False, batch_size=2000), tta_level=2)
-report(test_acc, train_time_s)
-"""
-
 
 def check_references(names: list[str]) -> None:
     """Names that are not references fail with the list of those there are."""
     unknown = [name for name in names if name not in REFERENCES]
     if unknown:
         raise CifarkitError(f"--references {' '.join(unknown)}: no such reference; choose from {', '.join(REFERENCES)}")
-
-
-def check_muon_file(path: str | None) -> Path:
-    """The user's copy of airbench94_muon.py, or an error that says how to get it."""
-    fetch = f"download it with `curl -LO {MUON_URL}` and pass --muon airbench94_muon.py"
-    if path is None:
-        raise CifarkitError(f"airbench94_muon is the first reference and is not a package: {fetch} (or run "
-                            f"--references {AIRBENCH94} alone)")
-    file = Path(path)
-    if not file.is_file():
-        raise CifarkitError(f"--muon {path}: no such file; {fetch}")
-    text = file.read_text(errors="replace")
-    missing = [name for name in MUON_NAMES if f"def {name}" not in text and f"class {name}" not in text]
-    if missing:
-        raise CifarkitError(f"--muon {path} does not look like airbench94_muon.py (no {', '.join(missing)}); {fetch}")
-    return file
 
 
 def variant(recipe: str, overrides: list[str]) -> str:
@@ -346,6 +252,23 @@ def accuracy_difference(ours: list[dict], theirs: list[dict]) -> dict:
     return difference_of_means([r["test_acc"] for r in ours], [r["test_acc"] for r in theirs])
 
 
+def bracket_side(epochs: float) -> str:
+    """The name of cifarkit's side trained for `epochs`, beside the recipe's own budget ("cifarkit")."""
+    return f"cifarkit@{epochs:g}"
+
+
+def budgets(recipe: str, overrides: list[str], brackets: list[float]) -> dict[str, float]:
+    """cifarkit's sides -> their epochs: the recipe's own budget ("cifarkit"), then each of `brackets`. A bracket
+    equal to the recipe's budget, or given twice, fails here."""
+    own = load_recipe(recipe, overrides).train.epochs
+    if len(set(brackets)) != len(brackets) or own in brackets:
+        raise CifarkitError(f"--bracket-epochs {' '.join(f'{e:g}' for e in brackets)}: each must differ from the "
+                            f"others and from the recipe's own {own:g} epochs; give other epochs")
+    for epochs in brackets:
+        check_variant(recipe, [*overrides, f"train.epochs={epochs:g}"])
+    return {"cifarkit": own, **{bracket_side(epochs): epochs for epochs in brackets}}
+
+
 def round_lines(rounds: list[dict], references: list[str]) -> list[str]:
     """The last round's ratio against each reference, beside the accuracy difference over the rounds so far."""
     ours = [r["runs"]["cifarkit"] for r in rounds]
@@ -361,7 +284,7 @@ def round_lines(rounds: list[dict], references: list[str]) -> list[str]:
 
 def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed: int, run_side, save,
                     commit: str) -> None:
-    """Run the rounds that `rounds` lacks of `runs`, in their ABBA order and with their seeds, each side by
+    """Run the rounds that `rounds` lacks of `runs`, in their alternating order and with their seeds, each side by
     `run_side(side, seed)`; `save()` after every round, so that a command stopped later keeps what finished. Each
     round records `commit`, the checkout that ran it: its src/ is the comparison's, but its scripts may be later."""
     for number, order in enumerate(round_orders(sides, runs)[len(rounds):], start=len(rounds)):
@@ -372,97 +295,166 @@ def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed:
                      100 * row["test_acc"], row["wall_time_s"], row["train_time_s"])
         rounds.append({"seed": seed, "order": order, "runs": rows, "commit": commit,
                        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-        for line in round_lines(rounds, [side for side in sides if side != "cifarkit"]):
+        for line in round_lines(rounds, [side for side in sides if not side.startswith("cifarkit")]):
             log.info(line)
         save()
 
 
-def side_summary(runs: list[dict], with_six_views: bool) -> dict:
-    summary = {"accuracy": statistics_against([r["test_acc"] for r in runs], 0.94),
+def side_summary(runs: list[dict]) -> dict:
+    """A side's accuracy (as shipped, and with 6 views where its runs have them) and mean times over its runs."""
+    summary = {"accuracy": statistics_against([r["test_acc"] for r in runs], ACCURACY_MARK),
                "wall_time_s": statistics.fmean(r["wall_time_s"] for r in runs),
                "train_time_s": statistics.fmean(r["train_time_s"] for r in runs), "runs": runs}
-    if with_six_views:
-        summary["accuracy_6_views"] = statistics_against([r["test_acc_6_views"] for r in runs], 0.94)
+    if all("test_acc_6_views" in r for r in runs):  # a reference's rows before the 6 views were recorded lack them
+        summary["accuracy_6_views"] = statistics_against([r["test_acc_6_views"] for r in runs], ACCURACY_MARK)
     return summary
 
 
-def summarize(rounds: list[dict], references: list[str], muon_file: Path | None) -> dict:
-    """Each side's accuracy and times over the rounds, and each reference's per-round speed-up ratios beside the
-    accuracy difference."""
+def source(name: str, files: dict[str, Path]) -> str:
+    """Where a reference's code came from: the user's copy, by name and sha256, or the package."""
+    if name in USER_COPIES:
+        return f"{files[name].name}, sha256 {hashlib.sha256(files[name].read_bytes()).hexdigest()}"
+    return AIRBENCH94_PACKAGE
+
+
+def summarize(rounds: list[dict], references: list[str], files: dict[str, Path],
+              sides_epochs: dict[str, float] | None) -> dict:
+    """Each side's accuracy and times over the rounds, each reference's per-round speed-up ratios beside the
+    accuracy difference, and, with bracketing budgets (`sides_epochs`), the speed-up at equal accuracy and the times
+    to a 94% mean."""
     ours = [r["runs"]["cifarkit"] for r in rounds]
-    summary = {"orders": [r["order"] for r in rounds], "cifarkit": side_summary(ours, with_six_views=True),
-               "references": {}}
+    summary = {"orders": [r["order"] for r in rounds], "cifarkit": side_summary(ours), "references": {}}
+    if sides_epochs:
+        summary["brackets"] = {side: {"epochs": epochs, **side_summary([r["runs"][side] for r in rounds])}
+                               for side, epochs in sides_epochs.items() if side != "cifarkit"}
     for name in references:
         theirs = [r["runs"][name] for r in rounds]
-        side = side_summary(theirs, with_six_views=False)
+        side = side_summary(theirs)
         side["speedup"] = {timer: ratio_statistics([t[key] / m[key] for t, m in zip(theirs, ours)])
                            for timer, key in (("whole_process", "wall_time_s"), ("training", "train_time_s"))}
         side["accuracy_difference"] = accuracy_difference(ours, theirs)
-        side["source"] = (f"{muon_file.name}, sha256 {hashlib.sha256(muon_file.read_bytes()).hexdigest()}"
-                          if name == MUON else AIRBENCH94_PACKAGE)
+        side["source"] = source(name, files)
+        if sides_epochs and "accuracy_6_views" in side:
+            side["equal_accuracy"] = equal_accuracy.speedup(rounds, sides_epochs, name)
         summary["references"][name] = side
+    if sides_epochs:
+        with_six_views = [name for name, side in summary["references"].items() if "accuracy_6_views" in side]
+        summary["time_to_mark"] = equal_accuracy.time_to(rounds, sides_epochs, with_six_views, ACCURACY_MARK)
     return summary
 
 
-def verdict(references: dict, subset: int | None) -> str:
-    """The goal's verdict in words: "met", "not met: " and why, or "not judged: " where the rounds cannot say."""
+def _shortfall(name: str, reference: dict) -> str | None:
+    """Why `fast` misses its goal against one reference, None where it meets it: at equal accuracy where the
+    comparison bracketed the reference's accuracy, else at its own budget and no less accurate on the mean."""
+    goal = GOALS[name]
+    figure = reference.get("equal_accuracy")
+    if figure is not None:
+        if not figure["defined"]:
+            return f"{name}: no figure at equal accuracy ({figure['why']})"
+        ratio = figure["whole_process"]["ratio"]
+        extended = " (extrapolated beyond the budgets)" if figure["extrapolated"] else ""
+        return f"{name} {ratio:.2f}x at equal accuracy{extended}, under {goal}x" if ratio < goal or extended else None
+    speedup, difference = reference["speedup"]["whole_process"]["mean"], reference["accuracy_difference"]["difference"]
+    shortfalls = ([f"{speedup:.2f}x as fast, under {goal}x"] if speedup < goal else []) + (
+        [f"mean accuracy {-100 * difference:.2f} points lower"] if difference < 0 else [])
+    return f"{name}: " + " and ".join(shortfalls) if shortfalls else None
+
+
+def verdict(references: dict, subset: int | None, rounds: int) -> str:
+    """The goals' verdict in words: "met", "not met: " and why, or "not judged: " where the rounds cannot say."""
     if subset:
         return f"not judged: trained on {subset:,} images only, a check that every side runs"
-    if MUON not in references:
-        return f"not judged: the goal is against {MUON}, which this comparison did not run"
-    muon = references[MUON]
-    speedup, difference = muon["speedup"]["whole_process"]["mean"], muon["accuracy_difference"]["difference"]
-    shortfalls = ([f"{speedup:.2f}x as fast, under {GOAL}x"] if speedup < GOAL else []) + (
-        [f"mean accuracy {-100 * difference:.2f} points lower"] if difference < 0 else [])
-    return ("not met: " + " and ".join(shortfalls)) if shortfalls else "met"
+    judged = [name for name in GOALS if name in references]
+    if not judged:
+        return f"not judged: the goals are against {' and '.join(GOALS)}, which this comparison did not run"
+    shortfalls = [why for why in (_shortfall(name, references[name]) for name in judged) if why]
+    found = ("not met: " + "; ".join(shortfalls)) if shortfalls else "met"
+    brackets = any("equal_accuracy" in references[name] for name in judged)
+    if brackets and rounds < ROUNDS_FOR_A_VERDICT:
+        return f"not judged: {rounds} of the {ROUNDS_FOR_A_VERDICT} rounds a verdict needs; so far {found}"
+    return found
 
 
-def results(rounds: list[dict], settings: dict, environment: dict, command: str, muon_file: Path | None) -> dict:
-    """The results file: what ran, where and when, each side over the rounds, and the goal's verdict."""
-    summary = summarize(rounds, settings["references"], muon_file)
+def results(rounds: list[dict], settings: dict, environment: dict, command: str, files: dict[str, Path]) -> dict:
+    """The results file: what ran, where and when, each side over the rounds, and the goals' verdict."""
+    summary = summarize(rounds, settings["references"], files, settings.get("budgets"))
     return {"command": command, "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "verdict": verdict(summary["references"], settings["subset"]), "cpu_kind": settings["cpu_kind"],
-            "recipe": settings["recipe"], "overrides": settings.get("overrides", []), "subset": settings["subset"],
-            "precision_policy": settings["precision_policy"], "newton_schulz_dtype": settings["newton_schulz_dtype"],
-            "preloaded_by_all": settings["preloaded_by_all"], "timers": TIMERS, **summary,
-            "environment": environment, "settings": settings, "rounds": rounds}
+            "verdict": verdict(summary["references"], settings["subset"], len(rounds)),
+            "cpu_kind": settings["cpu_kind"], "recipe": settings["recipe"], "overrides": settings.get("overrides", []),
+            "subset": settings["subset"], "precision_policy": settings["precision_policy"],
+            "newton_schulz_dtype": settings["newton_schulz_dtype"], "preloaded_by_all": settings["preloaded_by_all"],
+            "timers": TIMERS, **summary, "environment": environment, "settings": settings, "rounds": rounds}
+
+
+def _interval(low_high: list[float] | None) -> str:
+    return f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else ""
+
+
+def equal_accuracy_lines(result: dict) -> list[str]:
+    """The speed-up at equal accuracy against each reference, and the times to a 94% mean, in words."""
+    lines = []
+    for name, reference in result["references"].items():
+        figure = reference.get("equal_accuracy")
+        if figure is None:
+            continue
+        if not figure["defined"]:
+            lines.append(f"at {name}'s accuracy: no figure, {figure['why']}")
+            continue
+        ratios = ", ".join(f"{figure[timer]['ratio']:.2f}x{_interval(figure[timer]['ci95'])} {words}"
+                           for timer, words in (("whole_process", "whole process"), ("training", "training")))
+        undefined = (f"; {figure['undefined_resamples']:,} of {figure['resamples']:,} resamples had no figure"
+                     if figure["undefined_resamples"] else "")
+        extended = ", extrapolated beyond the budgets" if figure["extrapolated"] else ""
+        lines.append(f"at {name}'s accuracy ({100 * figure['reference_accuracy']:.2f}%, 6 views): cifarkit needs "
+                     f"{figure['epochs']:.2f} epochs{extended}; {ratios} (95% bootstrap interval over "
+                     f"{figure['rounds']} rounds{undefined})")
+    marks = result.get("time_to_mark")
+    if marks:
+        times = "; ".join(f"{side} " + (f"{mark['wall_time_s']:.1f} s" if mark else "not reached")
+                          for side, mark in marks.items() if side != "target")
+        lines.append(f"time to a {100 * marks['target']:.1f}% mean (6 views), whole process: {times}")
+    return lines
 
 
 def table(result: dict) -> str:
-    """The results as the command prints them: every ratio beside the accuracy difference, then the goal's verdict."""
+    """The results as the command prints them: every ratio beside the accuracy difference, the speed-ups at equal
+    accuracy, then the goals' verdict."""
     ours, side = result["cifarkit"], variant(result["recipe"], result.get("overrides") or [])
+
+    def six_views(summary: dict) -> str:
+        return f"{100 * summary['accuracy_6_views']['mean']:.2f}%" if "accuracy_6_views" in summary else ""
     lines = ["| side | runs | test acc (its TTA) | test acc (6 views) | whole process | training | speed-up, whole "
              "(95% CI) | speed-up, training (95% CI) | mean accuracy, cifarkit minus it |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-             f"| cifarkit {side} | {ours['accuracy']['n']} | {100 * ours['accuracy']['mean']:.2f}% | "
-             f"{100 * ours['accuracy_6_views']['mean']:.2f}% | {ours['wall_time_s']:.1f} s | "
-             f"{ours['train_time_s']:.1f} s | | | |"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, summary in [("cifarkit", ours), *result.get("brackets", {}).items()]:
+        label = side if name == "cifarkit" else f"{side} --set train.epochs={summary['epochs']:g}"
+        lines.append(f"| cifarkit {label} | {summary['accuracy']['n']} | {100 * summary['accuracy']['mean']:.2f}% | "
+                     f"{six_views(summary)} | {summary['wall_time_s']:.1f} s | {summary['train_time_s']:.1f} s | | | |")
     for name, reference in result["references"].items():
-        cells = []
-        for timer in ("whole_process", "training"):
-            ratio = reference["speedup"][timer]
-            interval = f" ({ratio['ci95'][0]:.2f}-{ratio['ci95'][1]:.2f})" if ratio["ci95"] else ""
-            cells.append(f"{ratio['mean']:.2f}x{interval}")
-        lines.append(f"| {name} | {reference['accuracy']['n']} | | {100 * reference['accuracy']['mean']:.2f}% | "
-                     f"{reference['wall_time_s']:.1f} s | {reference['train_time_s']:.1f} s | {cells[0]} | "
-                     f"{cells[1]} | {describe_difference(reference['accuracy_difference'])} |")
+        cells = [f"{ratio['mean']:.2f}x{_interval(ratio['ci95'])}"
+                 for ratio in (reference["speedup"]["whole_process"], reference["speedup"]["training"])]
+        lines.append(f"| {name} | {reference['accuracy']['n']} | {100 * reference['accuracy']['mean']:.2f}% | "
+                     f"{six_views(reference)} | {reference['wall_time_s']:.1f} s | {reference['train_time_s']:.1f} s "
+                     f"| {cells[0]} | {cells[1]} | {describe_difference(reference['accuracy_difference'])} |")
     lines.append("")
     for name, reference in result["references"].items():
         lines.append(f"{side} against {name}: {reference['speedup']['whole_process']['mean']:.2f}x as fast (whole "
                      f"process), mean test accuracy {describe_difference(reference['accuracy_difference'])}")
-    lines.append(f"goal ({side} >= {GOAL}x {MUON}, whole process, at equal or better mean accuracy): "
-                 f"{result['verdict']}")
+    lines += equal_accuracy_lines(result)
+    goals = " and ".join(f"{goal}x {name}" for name, goal in GOALS.items())
+    lines.append(f"goals ({side} >= {goals}, whole process, at equal accuracy): {result['verdict']}")
     return "\n".join(lines)
 
 
-def _reference_drivers(scratch: Path, references: list[str], muon_file: Path | None) -> dict[str, list[str]]:
+def _reference_drivers(scratch: Path, references: list[str]) -> dict[str, list[str]]:
     """Each reference's command line before its run's arguments: its python and its driver, written into `scratch`.
-    The muon driver's own argument, the user's file, goes after the run's (see PRELUDE)."""
+    A user copy's own arguments go after the run's (see PRELUDE)."""
     prelude = f"ALLOCATORS = {allocator.NAMES!r}\n" + PRELUDE
     drivers = {}
-    if MUON in references:
-        (scratch / "muon_driver.py").write_text(prelude + MUON_DRIVER)
-        drivers[MUON] = [sys.executable, str(scratch / "muon_driver.py")]
+    for name, driver in ((MUON, MUON_DRIVER), (RECORD, RECORD_DRIVER), (f"{RECORD}-views", RECORD_VIEWS)):
+        if name.split("-")[0] in references:
+            (scratch / f"{name}.py").write_text(prelude + driver)
+            drivers[name] = [sys.executable, str(scratch / f"{name}.py")]
     if AIRBENCH94 in references:
         log.info("installing %s into a temporary venv", AIRBENCH94_PACKAGE)
         (scratch / "airbench94_driver.py").write_text(prelude + AIRBENCH94_DRIVER)
@@ -470,10 +462,11 @@ def _reference_drivers(scratch: Path, references: list[str], muon_file: Path | N
     return drivers
 
 
-def compare(*, muon_file: Path | None, references: list[str], runs: int, first_seed: int, recipe: str,
-            overrides: list[str], subset: int | None, json_path: str | None, command: str) -> dict:
+def compare(*, files: dict[str, Path], references: list[str], runs: int, first_seed: int, recipe: str,
+            overrides: list[str], brackets: list[float], subset: int | None, json_path: str | None,
+            command: str) -> dict:
     """The comparison's results, after running the rounds that `json_path` (when given, written after every round)
-    does not hold yet."""
+    does not hold yet. `files`: the user's copies of the references that are not packages."""
     cpu = torch.device("cpu")
     precision = device.pick_precision("auto", cpu).name
     newton_schulz = str(optim.newton_schulz_dtype(cpu)).removeprefix("torch.")
@@ -485,17 +478,23 @@ def compare(*, muon_file: Path | None, references: list[str], runs: int, first_s
                 "cpu_model": environment.get("cpu_model"), "threads": torch.get_num_threads(),
                 "precision_policy": precision, "newton_schulz_dtype": newton_schulz,
                 "preloaded_by_all": Path(reference_env["LD_PRELOAD"]).name if "LD_PRELOAD" in reference_env else None,
-                "muon_sha256": hashlib.sha256(muon_file.read_bytes()).hexdigest() if muon_file else None,
+                "muon_sha256": hashlib.sha256(files[MUON].read_bytes()).hexdigest() if MUON in files else None,
                 "code": code_version()}
-    if overrides:  # only where given: the files written before --set existed hold no such key
+    # Only where given: the files written before the record, --set and --bracket-epochs existed hold no such keys.
+    if RECORD in files:
+        settings["record_sha256"] = hashlib.sha256(files[RECORD].read_bytes()).hexdigest()
+    if overrides:
         settings["overrides"] = overrides
+    sides_epochs = budgets(recipe, overrides, brackets) if brackets else None
+    if sides_epochs:
+        settings["budgets"] = sides_epochs
     checkout = settings["code"]["commit"]  # before kept_rounds, which may name the comparison's first commit there
     rounds = kept_rounds(json_path, settings)
     if rounds:
         log.info("keeping %d round(s) from %s (the last finished %s)", len(rounds), json_path, rounds[-1]["finished"])
 
     def save() -> dict:
-        result = results(rounds, settings, environment, command, muon_file)
+        result = results(rounds, settings, environment, command, files)
         if json_path:
             write_json(json_path, result)
         return result
@@ -504,15 +503,22 @@ def compare(*, muon_file: Path | None, references: list[str], runs: int, first_s
         scratch = Path(scratch)
         data = scratch / "data"
         write_reference_data(data / "cifar10", subset)
-        drivers = _reference_drivers(scratch, references, muon_file)
+        drivers = _reference_drivers(scratch, references)
 
         def run_side(side: str, seed: int) -> dict:
-            if side == "cifarkit":
-                return cifarkit_run(recipe, overrides, seed, subset, scratch / f"cifarkit-{seed}", env)
-            own = [str(muon_file.resolve())] if side == MUON else []
-            seconds, out = timed([*drivers[side], str(seed), str(data), precision, newton_schulz, *own],
-                                 reference_env)
-            return {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
+            if side.startswith("cifarkit"):
+                budget = [] if side == "cifarkit" else [f"train.epochs={sides_epochs[side]:g}"]
+                return cifarkit_run(recipe, [*overrides, *budget], seed, subset, scratch / f"{side}-{seed}", env)
+            arguments = [str(seed), str(data), precision, newton_schulz]
+            own = [str(files[side].resolve())] if side in files else []
+            weights_file = [str(scratch / f"{side}-{seed}.pt")] if side == RECORD else []
+            seconds, out = timed([*drivers[side], *arguments, *own, *weights_file], reference_env)
+            row = {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
+            if side == RECORD:  # its 6 views, in a process of their own, after its timed one
+                _, out = timed([*drivers[f"{RECORD}-views"], *arguments, *own, *weights_file], reference_env)
+                row.update(json.loads(out.strip().splitlines()[-1]))
+            return row
 
-        complete_rounds(rounds, ["cifarkit", *references], runs, first_seed, run_side, save, commit=checkout)
+        sides = ["cifarkit", *(side for side in sides_epochs or {} if side != "cifarkit"), *references]
+        complete_rounds(rounds, sides, runs, first_seed, run_side, save, commit=checkout)
     return save()  # also when every round was kept: the file then names the code as the rounds' first command did

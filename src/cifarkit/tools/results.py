@@ -104,7 +104,8 @@ QUESTIONS = (
     (("profile-", "freeze-profile-"), "Where does a training step's time go? (`cifarkit profile`)"),
     (("bench-",), "Training throughput per model, precision, device and process count (`cifarkit bench`)"),
     (("serve-bench",), "How fast does the server answer? (`cifarkit bench-serve`)"),
-    (("validation-",), "Which recipe values win on a validation split? (`cifarkit validate`)"),
+    (("tune-", "validation-"), "Which recipe values win on a validation split? (`cifarkit tune`; the `validation-` "
+                               "files, the former `cifarkit validate`)"),
     (("winograd-",), "Which convolution kernel is fastest, layer by layer? (`python lab/measure_winograd.py`)"),
     (("allocators-",), "Which memory allocator trains fastest? (`python lab/measure_allocators.py`)"),
     (("",), "Other measurements of the project (`lab/README.md` names the script of each)"),
@@ -222,6 +223,13 @@ def _against_reference(comparison: dict | None) -> str:
     if comparison is None:
         return "no reference timed on this processor yet"
     name, side = next(iter(comparison["references"].items()))  # the script lists the strongest first
+    figure = side.get("equal_accuracy")
+    if figure and figure["defined"]:  # the speed-up: `fast`'s time read at the reference's accuracy
+        ratio = figure["whole_process"]
+        interval = f" (95% interval {ratio['ci95'][0]:.2f}-{ratio['ci95'][1]:.2f})" if ratio["ci95"] else ""
+        extended = ", extrapolated beyond the budgets timed" if figure["extrapolated"] else ""
+        return (f"{ratio['ratio']:.2f}x as fast as {name} at equal accuracy{interval}{extended}, "
+                f"{figure['rounds']} rounds")
     ratio = side["speedup"]["whole_process"]
     ours = [r["test_acc"] for r in comparison["cifarkit"]["runs"]]
     difference = difference_of_means(ours, [r["test_acc"] for r in side["runs"]])
