@@ -193,11 +193,13 @@ def rounds_of(ours: list[float], theirs: list[float], speedup: float) -> list[di
 
 
 def comparison(rounds: list[dict], tmp_path, settings: dict = SETTINGS) -> dict:
-    muon_file = tmp_path / "airbench94_muon.py"
-    muon_file.write_text("# the user's copy\n")
+    files = {}
+    for name in reference.USER_COPIES:  # the user's copies, of every reference that is one
+        files[name] = tmp_path / f"{name}.py"
+        files[name].write_text("# the user's copy\n")
     environment = json.loads(FIXTURE.read_text())["environment"]
     command = "cifarkit reference --muon airbench94_muon.py --references airbench94_muon --runs 3 --json r.json"
-    return reference.results(rounds, json.loads(json.dumps(settings)), environment, command, {MUON: muon_file})
+    return reference.results(rounds, json.loads(json.dumps(settings)), environment, command, files)
 
 
 def test_every_ratio_stands_beside_the_accuracy_difference_and_the_goal_is_judged_in_words(tmp_path):
