@@ -85,6 +85,15 @@ def cpu_has_bf16(features: list[str] | None = None) -> bool:
     return False
 
 
+def cuda_has_bf16(index: int | None = None) -> bool:
+    """True when CUDA device `index` (default the current one) computes bf16 natively: compute capability 8.0
+    (Ampere) or later. `torch.cuda.is_bf16_supported()` also says yes on older cards (T4, V100, RTX 20), where bf16
+    runs emulated, far slower than fp16; the same fault cpu_has_bf16 avoids on CPUs without AVX512-BF16."""
+    if not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).major >= 8
+
+
 def machine_name() -> str:
     return platform.machine().lower()
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import torch
 
 from cifarkit.core import device
 from cifarkit.core.device import CPU_KINDS, cpu_kind  # noqa: F401  (in core: the training side records it too)
@@ -109,7 +108,7 @@ def choose(info: dict | None, device_type: str = "cpu", features: list[str] | No
     figures, measured_where = accuracy_figures(inference, kind)
     refused = refusals(figures)
     if device_type != "cpu":  # ONNX Runtime runs on the CPU here; bf16 autocast where the GPU computes it
-        if device_type == "cuda" and torch.cuda.is_bf16_supported() and "torch-bf16" not in refused:
+        if device_type == "cuda" and device.cuda_has_bf16() and "torch-bf16" not in refused:
             return Choice("torch-bf16", "this GPU computes bf16 natively and bf16 meets the accuracy rule", kind)
         return Choice(REFERENCE, f"fp32: bf16 is not both native on {device_type} and admitted", kind)
     if not device.cpu_has_bf16(features):

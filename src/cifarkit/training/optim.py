@@ -9,7 +9,7 @@ from torch import nn
 from torch.optim import lr_scheduler
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from cifarkit.core.device import cpu_has_bf16
+from cifarkit.core.device import cpu_has_bf16, cuda_has_bf16
 from cifarkit.training.config import OptimConfig, ScheduleConfig, steps_in
 
 
@@ -56,7 +56,7 @@ def newton_schulz_dtype(device: torch.device) -> torch.dtype:
     matmuls are the fast ones there. fp32 elsewhere: a CPU without AVX512-BF16 or AMX emulates bf16 matmuls at a
     small fraction of its fp32 speed."""
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        return torch.bfloat16 if cuda_has_bf16(device.index) else torch.float32
     return torch.bfloat16 if device.type == "cpu" and cpu_has_bf16() else torch.float32
 
 
