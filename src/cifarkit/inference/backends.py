@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
 from cifarkit.core import device
 from cifarkit.core.device import CPU_KINDS, cpu_kind  # noqa: F401  (in core: the training side records it too)
 
