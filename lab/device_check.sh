@@ -1,66 +1,87 @@
 #!/usr/bin/env bash
-# Every GPU check of this project in one run, for a machine with CUDA; sized for one 15-minute lease of a GPU.
+# Every GPU check of this project in one run, for a machine with CUDA; sized for one lease of a GPU (at most 9
+# minutes on an H100 or H200: DEVICE_CHECK_BUDGET_S, default 540, skips the steps that would start after it).
 #
 #     bash lab/device_check.sh [OUT_DIR]        # default OUT_DIR: device-check
 #
-# 1. `cifarkit bench --devices cpu cuda`: fastnet and the GPU-vs-CPU study's cifar10net, in fp32 and in amp (fp16 +
-#    GradScaler on CUDA), training and inference img/s, epoch time, peak memory, speed-ups over this machine's CPU in
-#    fp32 -> OUT_DIR/bench-devices.json. Each configuration is a process of its own, so the models are few: with the
-#    write-ups' four, the report alone outran a lease's share (docs/measurements.md).
-# 2. With the real CIFAR-10 at hand (CIFARKIT_DATA, or the cache of `cifarkit data import`): the fast recipe's speed
-#    run on CUDA, 3 seeds, and a timed slice of resnet18-sgd (2 of its 200 epochs) -> OUT_DIR/speedrun-fast-cuda.json,
-#    OUT_DIR/resnet18-sgd-2-epochs.json. Without it they are skipped, and the script says so.
-# 3. Last, with the data and a copy of airbench94_muon.py in the project root (MUON overrides; how to get it:
-#    `cifarkit reference` without --muon prints the command): the reference as its author runs it, compiled with
-#    max-autotune, whose warm-up alone takes minutes -> OUT_DIR/airbench94-muon-cuda.json.
-# DEVICE_CHECK_SKIP_REPORT=1 skips step 1, for a second call in the same lease that brings the data.
+# Most valuable first, each step a command a user could run, writing OUT_DIR/*.json:
+# 1. `python lab/check_cuda_steps.py`: fast's training steps under torch.cuda.set_sync_debug_mode("error"), after
+#    the warm-up: no step may make the host wait for the GPU -> cuda-steps.json.
+# 2. `cifarkit speedrun --device cuda`: fast as shipped on CUDA (auto: bf16 on Ampere and later, compiled, warmed up
+#    before the clock, no checkpoints), 5 seeds -> speedrun-fast-cuda.json; then with CUDA graphs (torch.compile's
+#    reduce-overhead mode), 3 seeds, to decide whether they pay -> speedrun-fast-cuda-graphs.json.
+# 3. The references on the same GPU, each the author's own script run by `lab/reference_cuda.py` with its own
+#    torch.compile calls, in the compiler's default mode (max-autotune's warm-up alone outruns a lease), 5 runs each:
+#    airbench94_muon.py and the 2025 record's cifar10_speedrun.py, where their copies are in the project root (MUON,
+#    RECORD override) -> airbench94_muon-cuda.json, cifar10_speedrun-cuda.json.
+# 4. Inference and serving on the GPU (see the step) -> inference-cuda.json and the serving benchmark.
+# 5. `cifarkit bench --devices cpu cuda`: CPU against GPU epoch time, fp32 against AMP with peak memory, cuDNN
+#    autotuning on and off -> bench-devices.json.
+# Steps 1-3 need the real CIFAR-10 (CIFARKIT_DATA, or the cache that `lab/carry_data.py unpack` rebuilds); without
+# it they are skipped, and the script says so.
 # A step that fails is reported and the next one runs: one lease of a GPU is too short to lose the rest to it.
 # Works from a clone without installing cifarkit: its src/ goes on PYTHONPATH when `import cifarkit` fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(mkdir -p "${1:-device-check}" && cd "${1:-device-check}" && pwd)
 python=${PYTHON:-python3}
+budget=${DEVICE_CHECK_BUDGET_S:-540}
 if ! "$python" -c "import cifarkit" 2>/dev/null; then
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else
-    'device_check: torch sees no CUDA device here; run this on a machine with an NVIDIA GPU')"
+    'device_check: torch sees no CUDA device here; run this on a machine with an NVIDIA GPU')" || exit 1
 cifarkit() { "$python" -m cifarkit "$@"; }
 export PYTHONUNBUFFERED=1
 
 failed=()
-step() {  # step NAME COMMAND...: run it, time it, and carry on if it fails
+skipped=()
+step() {  # step NAME COMMAND...: run it unless the budget is spent, time it, and carry on if it fails
     local name=$1 start=$SECONDS
     shift
+    if ((SECONDS >= budget)); then
+        skipped+=("$name")
+        echo "device_check: skipped $name: the ${budget} s budget is spent"
+        return
+    fi
     "$@" || failed+=("$name")
     echo "device_check: $name took $((SECONDS - start)) s"
 }
 summary() {
+    ((${#skipped[@]})) && echo "device_check: not run, out of time: ${skipped[*]}"
     if ((${#failed[@]})); then echo "device_check: FAILED: ${failed[*]}"; exit 1; fi
-    echo "device_check: every step passed"
+    echo "device_check: every step that ran passed, in $SECONDS s"
 }
 
-[[ -n "${DEVICE_CHECK_SKIP_REPORT:-}" ]] ||
-    step "the device report" cifarkit bench --devices cpu cuda \
-    --models cifar10net fastnet --steps 5 --rounds 2 --json "$out/bench-devices.json"
-
-if [[ -z "${CIFARKIT_DATA:-}" ]] && ! "$python" -c "import sys; from cifarkit import data
-sys.exit(0 if data.cache_path().is_file() else 1)"; then
-    echo "device_check: skipped the speed runs: no CIFAR-10 here; set CIFARKIT_DATA to cifar-10-python.tar.gz"
-    summary
-    exit
-fi
-runs=$(mktemp -d)
-step "3 fast runs on CUDA" cifarkit speedrun --recipe fast --runs 3 --target 0.94 --device cuda --no-curve \
-    --out "$runs/fast" --json "$out/speedrun-fast-cuda.json"
-step "2 epochs of resnet18-sgd on CUDA" cifarkit train --recipe resnet18-sgd --epochs 2 --device cuda \
-    --out "$runs/resnet18-sgd"
-cp "$runs/resnet18-sgd/summary.json" "$out/resnet18-sgd-2-epochs.json" 2>/dev/null
-muon=${MUON:-airbench94_muon.py}
-if [[ -f "$muon" ]]; then
-    step "airbench94_muon on CUDA" "$python" lab/reference_cuda.py --muon "$muon" --runs 3 \
-        --json "$out/airbench94-muon-cuda.json"
+cifarkit env | tee "$out/env.txt"
+if [[ -n "${CIFARKIT_DATA:-}" ]] || "$python" -c "import sys; from cifarkit.data import cifar10
+sys.exit(0 if cifar10.cache_path().is_file() else 1)"; then
+    step "fast's steps never wait for the GPU" "$python" lab/check_cuda_steps.py --recipe fast --steps 20 \
+        --json "$out/cuda-steps.json"
+    runs=$(mktemp -d)
+    step "fast on CUDA, 5 seeds" cifarkit speedrun --recipe fast --runs 5 --target 0.94 --device cuda --no-curve \
+        --out "$runs/fast" --json "$out/speedrun-fast-cuda.json"
+    step "fast on CUDA with CUDA graphs, 3 seeds" cifarkit speedrun --recipe fast --runs 3 --target 0.94 \
+        --device cuda --no-curve --set train.compile_mode=reduce-overhead --out "$runs/fast-graphs" \
+        --json "$out/speedrun-fast-cuda-graphs.json"
+    for reference in airbench94_muon cifar10_speedrun; do
+        case $reference in
+            airbench94_muon) copy=${MUON:-airbench94_muon.py} ;;
+            cifar10_speedrun) copy=${RECORD:-cifar10_speedrun.py} ;;
+        esac
+        if [[ -f "$copy" ]]; then
+            step "$reference on CUDA" "$python" lab/reference_cuda.py --reference "$reference" --file "$copy" \
+                --runs 5 --compile-mode default --json "$out/$reference-cuda.json"
+        else
+            echo "device_check: skipped $reference: no $copy (cifarkit reference without --muon or --record prints" \
+                 "how to get it)"
+        fi
+    done
 else
-    echo "device_check: skipped airbench94_muon: no $muon (cifarkit reference without --muon prints how to get it)"
+    echo "device_check: skipped the training steps: no CIFAR-10 here; set CIFARKIT_DATA to cifar-10-python.tar.gz" \
+         "or carry the cache with lab/carry_data.py"
 fi
+# INFERENCE STEPS
+step "the device report" cifarkit bench --devices cpu cuda --models cifar10net fastnet --steps 5 --rounds 2 \
+    --json "$out/bench-devices.json"
 summary

@@ -249,8 +249,8 @@ def test_speedrun_has_trains_shortcuts():
     by_command = {}
     for command, option, _, _ in options():
         by_command.setdefault(command, set()).add(option)
-    assert {"--epochs", "--batch-size", "--lr", "--subset", "--device", "--precision", "--compile", "--set",
-            "--recipe"} <= by_command["cifarkit speedrun"]
+    assert {"--epochs", "--batch-size", "--lr", "--subset", "--device", "--precision", "--compile/--no-compile",
+            "--set", "--recipe"} <= by_command["cifarkit speedrun"]
     # Only the seed differs (--first-seed sets it per run), and a speed run's runs are single processes.
     assert by_command["cifarkit train"] - by_command["cifarkit speedrun"] == {"--seed", "--resume", "--nproc"}
 

@@ -69,7 +69,9 @@ def add_recipe_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -
             continue
         typed = {"choices": kind} if isinstance(kind, tuple) else {"type": kind, "metavar": kind.__name__.upper()}
         p.add_argument(f"--{flag.replace('_', '-')}", **typed, help=f"{text} (default: the recipe's {key})")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (sets train.compile)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model, or not (sets train.compile; default: the recipe's, whose auto "
+                        "compiles on CUDA only)")
 
 
 def overrides(args) -> list[str]:
@@ -78,8 +80,9 @@ def overrides(args) -> list[str]:
     train something the user did not ask for."""
     shortcuts = {key: (f"--{flag.replace('_', '-')} {getattr(args, flag)}", f"{key}={getattr(args, flag)}")
                  for flag, (key, _, _) in SHORTCUTS.items() if getattr(args, flag, None) is not None}
-    if args.compile:
-        shortcuts["train.compile"] = ("--compile", "train.compile=true")
+    if args.compile is not None:
+        shortcuts["train.compile"] = ("--compile" if args.compile else "--no-compile",
+                                      f"train.compile={str(args.compile).lower()}")
     for text in args.set:
         key = text.partition("=")[0].strip()
         if key in shortcuts:

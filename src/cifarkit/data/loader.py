@@ -1,6 +1,7 @@
 """Batches of training images on the training device: normalization and augmentation, one generator each."""
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -14,9 +15,16 @@ from cifarkit.data.config import AugmentConfig, DataConfig
 
 def normalize(x: torch.Tensor, mean, std) -> torch.Tensor:
     """uint8 N x 3 x H x W -> float32 standardized per channel."""
-    mean = torch.tensor(mean, device=x.device).view(1, 3, 1, 1) * 255
-    std = torch.tensor(std, device=x.device).view(1, 3, 1, 1) * 255
-    return (x.float() - mean) / std
+    shift, scale = _channel_statistics(tuple(mean), tuple(std), x.device)
+    return (x.float() - shift) / scale
+
+
+@functools.lru_cache(maxsize=8)
+def _channel_statistics(mean: tuple, std: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and std as 1 x 3 x 1 x 1 tensors on `device`, in uint8 units. Made once per device: built from a
+    Python list for every batch, they were a host-to-device copy that waits for the GPU in every training step."""
+    return (torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255,
+            torch.tensor(std, device=device).view(1, 3, 1, 1) * 255)
 
 
 def random_shift(x: torch.Tensor, pad: int, mode: str, generator: torch.Generator, size: int | None = None):
@@ -123,7 +131,7 @@ class TrainLoader:
         order = torch.randperm(len(self.images), generator=generator, device=device)
         generators = {s: generator if s == 0 else torch.Generator(device=device).manual_seed(
             int(np.random.SeedSequence([self.seed, epoch, s]).generate_state(1, np.uint64)[0])) for s in self.own}
-        crop = self.cfg.augment.early_crop if epoch <= self.cfg.augment.early_crop_epochs else None
+        crop = self.crop(epoch)
         for step in range(self.steps_per_epoch if steps is None else steps):
             micro_batches = []
             with record_function("augmentation"):
@@ -135,6 +143,10 @@ class TrainLoader:
                                      flip, crop)
                     micro_batches.append((inputs.contiguous(memory_format=self.memory_format), self.labels[idx]))
             yield micro_batches
+
+    def crop(self, epoch: int) -> int | None:
+        """The window epoch `epoch`'s images are cut to (data.augment.early_crop), or None: whole images."""
+        return self.cfg.augment.early_crop if epoch <= self.cfg.augment.early_crop_epochs else None
 
     def endless(self):
         """Steps without end, epoch after epoch: for measurements that count steps, not epochs."""

@@ -98,7 +98,7 @@ def run(recipe: Recipe, steps: int, eval_images: int = 2000) -> dict:
     # forward, input gradient and weight gradient: three times the forward's multiply-adds, two FLOPs each
     convolution_flop = 3 * 2 * convolution_macs(state.model, image_size) * cfg.batch_size
     computed_flop = 2 * computed_convolution_macs(state.model, image_size, setup.precision.autocast_dtype,
-                                                  compiled=cfg.compile) * cfg.batch_size
+                                                  compiled=cfg.compiles(device.type)) * cfg.batch_size
     peak = matmul_peak(setup.precision.autocast_dtype or torch.float32, device)
     return {
         "recipe": recipe.name, "model": recipe.model.name, "batch_size": cfg.batch_size, "steps": steps,

@@ -28,8 +28,19 @@ def restore_rng(states: dict) -> None:
 
 
 def save_training(path: Path, state: TrainState, epoch: int, extra: dict) -> None:
-    payload = {
-        "epoch": epoch,
+    # Serialized in memory, then written by Python: a full disk then raises OSError(ENOSPC), which the CLI reports
+    # in one line, instead of torch's C++ writer's RuntimeError.
+    write_bytes(path, _serialized({"epoch": epoch, **_training_state(state), **extra}))
+
+
+def snapshot(state: TrainState) -> dict:
+    """The training state as a checkpoint holds it, copied apart from the live tensors: steps taken after it leave
+    it as it was, and restore_training puts it back (the warm-up before a timed run)."""
+    return torch.load(io.BytesIO(_serialized(_training_state(state))), map_location="cpu", weights_only=True)
+
+
+def _training_state(state: TrainState) -> dict:
+    return {
         "model": state.model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(),
@@ -38,13 +49,13 @@ def save_training(path: Path, state: TrainState, epoch: int, extra: dict) -> Non
         "lookahead": state.lookahead.state_dict() if state.lookahead is not None else None,
         "selector": state.selector.state_dict() if state.selector is not None else None,
         "rng": rng_states(),
-        **extra,
     }
-    # Serialized in memory, then written by Python: a full disk then raises OSError(ENOSPC), which the CLI reports
-    # in one line, instead of torch's C++ writer's RuntimeError.
+
+
+def _serialized(payload: dict) -> bytes:
     buffer = io.BytesIO()
     torch.save(payload, buffer)
-    write_bytes(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def load_training(path: Path) -> dict:

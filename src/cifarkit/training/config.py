@@ -80,7 +80,13 @@ class TrainConfig:
     device: str = "auto"  # auto | cuda | mps | cpu
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     channels_last: bool = True
-    compile: bool = False
+    # torch.compile the model: auto compiles on CUDA only. There a small net's steps are bound by kernel launches,
+    # which the compiler fuses away; on the CPU the compiled graph loses FastNet's own convolution paths
+    # (models/layers.py, Conv3x3) and the first step waits for the C++ compiler.
+    compile: bool | str = "auto"
+    # torch.compile's mode: reduce-overhead also replays each step's kernels as one CUDA graph, max-autotune also
+    # times candidate kernels at the first step (minutes). lab/device_check.sh times them against the default.
+    compile_mode: str = "default"
     # Epochs the whitening layer's bias trains before it freezes (FastNet); None: it trains throughout. Frozen, the
     # first convolution's input gradient is not needed, and steps get cheaper (docs/recipes-and-speed.md).
     whiten_bias_epochs: int | None = None
@@ -102,11 +108,18 @@ class TrainConfig:
     select_proxy_every: int = 4
     track: str | None = None  # mlflow: params, per-epoch metrics, tags and files to MLflow (training/tracking.py)
     eval_every: int = 1  # evaluate on val/test every N epochs (the last epoch is always evaluated)
+    # checkpoints/last.pt after every epoch, for exact resume. A speed run turns it off: its time cannot be resumed,
+    # and on a GPU writing the state each epoch is a real share of a run of seconds.
+    checkpoints: bool = True
     # Micro-batches per step: batch_size / (processes x accumulate_steps) images each, their gradients summed into
     # one step; the same step as the whole batch at once (up to BatchNorm), in less memory.
     accumulate_steps: int = 1
     dist_backend: str | None = None  # torch.distributed backend under torchrun; None: nccl on CUDA, gloo otherwise
     sync_bn: bool = False  # SyncBatchNorm across the ranks (CUDA only); off: each rank normalizes its own shard
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether a run on a device of `device_type` (cuda, mps, cpu) goes through torch.compile."""
+        return self.compile is True or (self.compile == "auto" and device_type == "cuda")
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """The optimizer steps of the whole run, a fraction of an epoch rounded up."""
@@ -146,6 +159,8 @@ CHOICES = {
     "schedule.name": ("constant", "cosine", "linear", "onecycle", "step"),
     "train.device": ("auto", "cuda", "mps", "cpu"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "train.compile": ("auto", True, False),
+    "train.compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "train.dist_backend": (None, "gloo", "nccl"),
     "train.track": (None, "mlflow"),
     "data.augment.autoaugment": (None, "cifar10", "imagenet", "svhn"),

@@ -125,10 +125,9 @@ class DistillationLoss(ClassificationLoss):
 def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size: int, loss_fn: Callable,
                     device: torch.device, precision: Precision, grad_clip: float | None,
                     description: str = "", progress: bool = True) -> dict:
-    """`batches` yields each step's micro-batches, a list of (normalized, augmented inputs, labels) on the device:
-    their gradients add up to one optimizer step, as if they were one batch. `batch_size`: images per step over all
-    ranks. The figures returned cover every rank's images; with a selector, the loss and accuracy are those of the
-    images the model trained on, and the speed counts every image drawn."""
+    """`batches` yields each step's micro-batches (see train_step). `batch_size`: images per step over all ranks. The
+    figures returned cover every rank's images; with a selector, the loss and accuracy are those of the images the
+    model trained on, and the speed counts every image drawn."""
     state.model.train()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
@@ -139,46 +138,11 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
     with tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True,
               disable=None if progress else True, leave=False) as bar:
         for step, micro_batches in enumerate(batches, 1):
-            state.optimizer.zero_grad(set_to_none=True)
-            # Each micro-batch updates the BatchNorm statistics from where the step found them, and the step keeps
-            # their mean: what the ranks of a distributed run end a step with (distributed.average_buffers).
-            found = [b.clone() for b in state.model.buffers()] if len(micro_batches) > 1 else None
-            updated = []
-            for i, (inputs, labels) in enumerate(micro_batches, 1):
-                if found is not None:
-                    _set_buffers(state.model, found)
-                drawn += len(labels)
-                if state.selector is not None:
-                    with record_function("selection"):
-                        inputs, labels = state.selector(inputs, labels)
-                # The ranks average their gradients once a step, in the last micro-batch's backward pass.
-                with state.no_sync() if i < len(micro_batches) else contextlib.nullcontext():
-                    with record_function("forward"), autocast(device, precision):
-                        logits = state.forward(inputs)
-                        loss = loss_fn(logits.float(), labels, inputs)
-                    with record_function("backward"):
-                        state.scaler.scale(loss / len(micro_batches)).backward()
-                loss_sum += loss.detach() * len(labels)
-                correct += (logits.argmax(1) == labels).sum()
-                seen += len(labels)
-                if found is not None:
-                    updated.append([b.clone() for b in state.model.buffers()])
-            if found is not None:
-                _set_buffers(state.model, [torch.stack(values).sum(0) / len(values) if values[0].is_floating_point()
-                                           else values[-1] for values in zip(*updated)])
-            with record_function("optimizer"):
-                if grad_clip is not None:
-                    state.scaler.unscale_(state.optimizer)
-                    nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
-                state.scaler.step(state.optimizer)
-                state.scaler.update()
-                state.scheduler.step()
-                state.after_step(state.model)
-            with record_function("weight averaging"):
-                if state.ema is not None:
-                    state.ema.update_parameters(state.model)
-                if state.lookahead is not None:
-                    state.lookahead.step(state.model)
+            step_loss, step_correct, trained, taken = train_step(state, micro_batches, loss_fn, device, precision,
+                                                                 grad_clip)
+            loss_sum += step_loss
+            correct += step_correct
+            seen, drawn = seen + trained, drawn + taken
             bar.update(batch_size)
             if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
                 _check_finite(loss_sum, step)
@@ -187,6 +151,59 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
         loss_sum, correct, torch.tensor(seen, device=device), torch.tensor(drawn, device=device))
     return {"train_loss": loss_total.item() / seen_total.item(), "train_acc": correct_total.item() / seen_total.item(),
             "epoch_time_s": seconds, "images_per_s": drawn_total.item() / seconds}
+
+
+def train_step(state: TrainState, micro_batches: list, loss_fn: Callable, device: torch.device, precision: Precision,
+               grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """One optimizer step. `micro_batches`: a list of (normalized, augmented inputs, labels) on the device, whose
+    gradients add up to the step, as if they were one batch. Returns the summed loss and the correct predictions of
+    the images trained on, as device tensors (reading them would wait for the device), their count, and the count
+    of images drawn (more than trained on with a selector). Nothing here waits for a CUDA device, except fp16's
+    GradScaler, which reads its overflow check before stepping, and an EMA (torch's AveragedModel reads its count)."""
+    state.optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = drawn = 0
+    # Each micro-batch updates the BatchNorm statistics from where the step found them, and the step keeps their
+    # mean: what the ranks of a distributed run end a step with (distributed.average_buffers).
+    found = [b.clone() for b in state.model.buffers()] if len(micro_batches) > 1 else None
+    updated = []
+    for i, (inputs, labels) in enumerate(micro_batches, 1):
+        if found is not None:
+            _set_buffers(state.model, found)
+        drawn += len(labels)
+        if state.selector is not None:
+            with record_function("selection"):
+                inputs, labels = state.selector(inputs, labels)
+        # The ranks average their gradients once a step, in the last micro-batch's backward pass.
+        with state.no_sync() if i < len(micro_batches) else contextlib.nullcontext():
+            with record_function("forward"), autocast(device, precision):
+                logits = state.forward(inputs)
+                loss = loss_fn(logits.float(), labels, inputs)
+            with record_function("backward"):
+                state.scaler.scale(loss / len(micro_batches)).backward()
+        loss_sum += loss.detach() * len(labels)
+        correct += (logits.argmax(1) == labels).sum()
+        seen += len(labels)
+        if found is not None:
+            updated.append([b.clone() for b in state.model.buffers()])
+    if found is not None:
+        _set_buffers(state.model, [torch.stack(values).sum(0) / len(values) if values[0].is_floating_point()
+                                   else values[-1] for values in zip(*updated)])
+    with record_function("optimizer"):
+        if grad_clip is not None:
+            state.scaler.unscale_(state.optimizer)
+            nn.utils.clip_grad_norm_(state.model.parameters(), grad_clip)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        state.after_step(state.model)
+    with record_function("weight averaging"):
+        if state.ema is not None:
+            state.ema.update_parameters(state.model)
+        if state.lookahead is not None:
+            state.lookahead.step(state.model)
+    return loss_sum, correct, seen, drawn
 
 
 def _set_buffers(model: nn.Module, values: list[torch.Tensor]) -> None:

@@ -40,6 +40,7 @@ from cifarkit.data.loader import TrainLoader, normalize
 from cifarkit.training import checkpoint, distributed, plots
 from cifarkit.training.config import Recipe, TrainConfig, recipe_from_dict, steps_in, to_dict
 from cifarkit.training.engine import (
+    EVAL_BATCH_ACCELERATOR,
     ClassificationLoss,
     DistillationLoss,
     DivergenceError,
@@ -202,7 +203,7 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     if cfg.track == "mlflow":
         require_mlflow()  # missing, it fails here, before a run folder exists
     configure(device)
-    if cfg.compile and device.type != "cuda":
+    if cfg.compiles(device.type) and device.type != "cuda":
         # torch.compile's toolchain probe warns that CUDA_HOME holds no CUDA runtime: true, and of no concern here.
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     dataset = cifar10.load()
@@ -236,6 +237,8 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
 def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, started: float) -> dict | None:
     cfg = recipe.train
     device, precision, loader, state = setup.device, setup.precision, setup.loader, setup.state
+    warmup_s = warm_up(recipe, setup) if warms_up(cfg, device) else 0.0
+    started += warmup_s  # off the clock, and recorded apart
     if not setup.group.writes:
         return _train_shard(recipe, setup, resumed)
     (val_x, _), (test_x, test_y) = setup.val, setup.test
@@ -256,7 +259,7 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     log.info("recipe %s: model %s (%s params), images: %d train / %d val, batch %d, epochs %g, precision %s",
              recipe.name, recipe.model.name, f"{models.count_params(model):,}", len(loader.images), len(val_x),
              cfg.batch_size, cfg.epochs, precision.name)
-    if cfg.compile:
+    if cfg.compiles(device.type):
         log.info("compiling the model with torch.compile: the first step waits for it, often a minute")
 
     from torch.utils.tensorboard import SummaryWriter
@@ -291,9 +294,10 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
             records.append(record)
             _log_epoch(record, writer)
             write_text(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-            checkpoint.save_training(out / "checkpoints" / "last.pt", state, epoch, {
-                "elapsed_s": elapsed + time.perf_counter() - started, "train_time_s": train_time, "best": best,
-                "world_size": setup.group.world_size})
+            if cfg.checkpoints:
+                checkpoint.save_training(out / "checkpoints" / "last.pt", state, epoch, {
+                    "elapsed_s": elapsed + time.perf_counter() - started, "train_time_s": train_time, "best": best,
+                    "world_size": setup.group.world_size})
             tracker.log_epoch(record)  # after the checkpoint: a resumed run sends what the kill kept from it
     except KeyboardInterrupt:
         tracker.stop("KILLED")
@@ -320,8 +324,9 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         "recipe": recipe.name, "model": recipe.model.name, "test_acc": test["acc"], "test_loss": test["loss"],
         "selected_epoch": selected_epoch, "selected_by": "val_acc" if best["epoch"] is not None else "last epoch",
         "epochs": cfg.epochs, "wall_time_s": elapsed + time.perf_counter() - started, "train_time_s": train_time,
-        "params": models.count_params(final_model), "device": str(device), "precision": precision.name,
-        "seed": cfg.seed, "torch": str(torch.__version__), "dataset_sha256": setup.dataset.sha256,
+        "warmup_s": warmup_s, "params": models.count_params(final_model), "device": str(device),
+        "precision": precision.name, "seed": cfg.seed, "torch": str(torch.__version__),
+        "dataset_sha256": setup.dataset.sha256,
     }
     write_json(out / "summary.json", summary)
     tracker.finish(summary)
@@ -369,6 +374,41 @@ def _train_shard(recipe: Recipe, setup: _Setup, resumed: dict | None) -> None:
                         setup.loss_fn, setup.device, setup.precision, cfg.grad_clip, progress=False)
 
 
+WARMUP_STEPS = 2  # per freeze state: the first compiles and autotunes, the second shows nothing is left to do
+
+
+def warms_up(cfg: TrainConfig, device: torch.device) -> bool:
+    """On CUDA, where cuDNN autotunes each new shape, and wherever the model is compiled."""
+    return device.type == "cuda" or cfg.compiles(device.type)
+
+
+def warm_up(recipe: Recipe, setup: _Setup) -> float:
+    """Seconds spent before the clock starts, as airbench times its runs: a few steps at the run's shapes in each
+    freeze state its epochs go through (torch.compile specializes on which parameters train, and the early epochs
+    may crop), and one evaluation batch. torch.compile compiles and cuDNN autotunes here, on the run's own model,
+    whose whole training state is then put back exactly: the run trains as if there had been no warm-up."""
+    cfg, state, loader = recipe.train, setup.state, setup.loader
+    started = time.perf_counter()
+    kept = checkpoint.snapshot(state)
+    shapes = set()
+    for epoch, steps in enumerate(cfg.steps_by_epoch(loader.steps_per_epoch), 1):
+        freeze_for_epoch(state, cfg, epoch)
+        shape = (tuple(p.requires_grad for p in state.model.parameters()), loader.crop(epoch))
+        if shape not in shapes:
+            shapes.add(shape)
+            count = min(WARMUP_STEPS, steps)
+            train_one_epoch(state, loader.epoch(epoch, count), count, cfg.batch_size, setup.loss_fn, setup.device,
+                            setup.precision, cfg.grad_clip, progress=False)
+    if setup.group.writes:  # the final evaluation's batch shape, on training images: the test set is not touched
+        evaluate(state.model, loader.images[:EVAL_BATCH_ACCELERATOR], loader.labels[:EVAL_BATCH_ACCELERATOR],
+                 recipe.data.mean, recipe.data.std, setup.device, setup.precision, channels_last=cfg.channels_last,
+                 tta=cfg.tta)
+    checkpoint.restore_training(state, kept)
+    seconds = time.perf_counter() - started
+    log.info("warmed up at the run's shapes in %.1f s (compilation, autotuning), before the clock starts", seconds)
+    return seconds
+
+
 def freeze_for_epoch(state: TrainState, cfg: TrainConfig, epoch: int) -> None:
     """airbench's whitening-bias freeze and the conv groups' (`train.group_train_epochs`): set from the epoch alone,
     so a resumed run freezes where the unbroken one did. Only what the optimizer trains is switched (a BatchNorm
@@ -411,7 +451,7 @@ def _build_state(recipe: Recipe, loader: TrainLoader, device: torch.device, prec
     parallel = distributed.wrap(model, group, device, find_unused_parameters=freezes)
     return TrainState(
         model=model,
-        forward=torch.compile(parallel) if cfg.compile else parallel,
+        forward=torch.compile(parallel, mode=cfg.compile_mode) if cfg.compiles(device.type) else parallel,
         no_sync=getattr(parallel, "no_sync", contextlib.nullcontext),
         after_step=lambda trained: distributed.average_buffers(trained, group),
         optimizer=optimizer,
