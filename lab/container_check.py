@@ -8,18 +8,21 @@ the builds:
 1. The base image. `--base IMAGE` names one that podman already has. Otherwise Debian bookworm (Python 3.11, as in
    the Dockerfile's default python:3.11-slim-bookworm) is made by debootstrap (as root) and imported as
    localhost/cifarkit-base:bookworm, once; later runs reuse it.
-2. The wheelhouse: `pip wheel` of the project's dependencies, with the Dockerfile's torch and torchvision pins, from
-   this machine's indexes into wheelhouse/.
+2. The wheelhouse: `pip wheel` of the project's dependencies, with the Dockerfiles' torch, torchvision and JupyterLab
+   pins, from this machine's indexes into wheelhouse/.
 3. The CPU image: `podman build --network none` with PIP_NO_INDEX=1, so every package comes from the wheelhouse.
    It runs with its own command (`cifarkit serve` on port 8000), published on a free loopback port. Its HEALTHCHECK
    is run until it passes (podman runs healthchecks from systemd timers, which this machine lacks, so the check
    calls `podman healthcheck run`); then this process posts the example pictures to /v1/predict.
 4. The CUDA image (unless --no-cuda). Its official base cannot be pulled here, so it is built on a stand-in: the
    base of step 1 with torch and torchvision in the system's site-packages, where the PyTorch image keeps them. The
-   stand-in checks the Dockerfile's own steps (the venv that reuses the base's torch, the user, the volumes), not
-   NVIDIA's libraries. In it, `cifarkit train` trains SimpleCNN for one epoch on 1,000 images of this machine's
-   CIFAR-10 cache (mounted read-only) into a mounted runs folder, and its healthcheck must say whether it sees a
-   GPU.
+   stand-in checks the Dockerfile's own steps (the venv that reuses the base's torch, the entrypoint, the user, the
+   volumes, JupyterLab), not NVIDIA's libraries. Without a GPU, its entrypoint must refuse `cifarkit train` with
+   the one-line error. With CIFARKIT_ALLOW_CPU=1 and as a uid the image does not know, as `--user "$(id -u):$(id -g)"`
+   runs it for a bind mount: `cifarkit train` trains SimpleCNN for one epoch on 1,000 images of this machine's
+   CIFAR-10 cache (mounted read-only) into a mounted runs folder that uid owns, and `jupyter lab --ip 0.0.0.0`,
+   published on loopback, must list the quickstart notebook and a Python kernel. Last, its healthcheck must say
+   whether it sees a GPU.
 5. A summary on stdout, and with --json, the figures as JSON.
 
 Any failure ends the check with a one-line error naming the log that holds the details.
@@ -45,7 +48,13 @@ DEFAULT_BASE = "localhost/cifarkit-base:bookworm"
 TORCH_STANDIN = "localhost/cifarkit-torch-standin:bookworm"
 CONTAINER_PORT = 8000
 USER_HOME = "/home/cifarkit"
-UID = 10001  # the Dockerfiles' user
+HOST_USER = "4242:4242"  # a host user's uid and gid, as `--user` passes them: not the image's user, in no passwd
+ALLOW_CPU = ["--env", "CIFARKIT_ALLOW_CPU=1"]  # past Dockerfile.cuda's entrypoint, which stops a container without GPU
+# Docker adds no passwd entry for a `--user` uid, where podman would: without one, the image must still work.
+AS_HOST_USER = ["--user", HOST_USER, "--passwd=false"]
+JUPYTER = ["jupyter", "lab", "--ip", "0.0.0.0"]  # as the docs run it
+JUPYTER_PORT = 8888
+JUPYTER_TOKEN = "container-check"
 TRAINING = ["cifarkit", "train", "--recipe", "simplecnn", "--subset", "1000", "--epochs", "1"]  # seconds, not hours
 
 # podman as root raises a container's open-files limit to 1M by default; a sandboxed host that forbids raising it
@@ -82,10 +91,10 @@ def succeeds(cmd: list[str]) -> bool:
     return subprocess.run(cmd, capture_output=True).returncode == 0
 
 
-def dockerfile_arg(name: str) -> str:
-    match = re.search(rf"^ARG {name}=(\S+)$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+def dockerfile_arg(name: str, dockerfile: str = "Dockerfile") -> str:
+    match = re.search(rf"^ARG {name}=(\S+)$", (ROOT / dockerfile).read_text(), re.MULTILINE)
     if not match:
-        raise CheckFailed(f"Dockerfile has no `ARG {name}=...` line; the check reads the torch pins from it")
+        raise CheckFailed(f"{dockerfile} has no `ARG {name}=...` line; the check reads the wheelhouse's pins from it")
     return match.group(1)
 
 
@@ -105,7 +114,8 @@ def make_base(tag: str, mirror: str, log: Path) -> float:
 
 def fill_wheelhouse(log: Path) -> dict:
     start = time.perf_counter()
-    pins = [f"torch=={dockerfile_arg('TORCH_VERSION')}", f"torchvision=={dockerfile_arg('TORCHVISION_VERSION')}"]
+    pins = [f"torch=={dockerfile_arg('TORCH_VERSION')}", f"torchvision=={dockerfile_arg('TORCHVISION_VERSION')}",
+            f"jupyterlab=={dockerfile_arg('JUPYTERLAB_VERSION', 'Dockerfile.cuda')}"]
     # setuptools is the project's build backend: an offline `pip install /src` needs it from the wheelhouse too.
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(WHEELHOUSE), *pins, str(ROOT),
          "setuptools>=68"], log)
@@ -150,17 +160,18 @@ def top_prediction(port: int, picture: Path) -> dict:
     return {"model": body["model"], "label": answer["label"], "confidence": round(answer["confidence"], 4)}
 
 
-def wait_healthy(name: str, timeout: float, log: Path) -> float:
+def wait_until(name: str, ready, what: str, timeout: float, log: Path) -> float:
+    """Seconds until `ready()` says yes, while the container runs; `what` names the state, for the error."""
     start = time.perf_counter()
     while time.perf_counter() - start < timeout:
         state = subprocess.run(["podman", "inspect", "--format", "{{.State.Status}}", name], capture_output=True,
                                text=True).stdout.strip()
         if state != "running":
-            raise CheckFailed(f"the container stopped ({state}) before it was healthy; its output is in {log}")
-        if succeeds(["podman", "healthcheck", "run", name]):
+            raise CheckFailed(f"the container stopped ({state}) before it was {what}; its output is in {log}")
+        if ready():
             return time.perf_counter() - start
         time.sleep(1)
-    raise CheckFailed(f"the container was not healthy within {timeout:g} s; its output is in {log}")
+    raise CheckFailed(f"the container was not {what} within {timeout:g} s; its output is in {log}")
 
 
 def remove(name: str, log: Path) -> None:
@@ -176,7 +187,7 @@ def check_serving(tag: str, timeout: float, log: Path) -> dict:
     start = time.perf_counter()
     run(["podman", "run", "--detach", "--name", name, "--publish", f"127.0.0.1:{port}:{CONTAINER_PORT}", tag], log)
     try:
-        healthy = wait_healthy(name, timeout, log)
+        healthy = wait_until(name, lambda: succeeds(["podman", "healthcheck", "run", name]), "healthy", timeout, log)
         uid = int(run(["podman", "exec", name, "id", "-u"], log))
         if uid == 0:
             raise CheckFailed("the serving container runs as root: the Dockerfile's USER was lost")
@@ -197,27 +208,71 @@ def make_torch_standin(base: str, python: str, work: Path, log: Path) -> float:
 
 
 def check_training(tag: str, data: Path, log: Path) -> dict:
-    """`cifarkit train` in the image as its user, data read-only, the run written to a mounted folder; then whether
-    the image's healthcheck tells that no GPU is visible."""
+    """Without a GPU the image's entrypoint refuses `cifarkit train` with its one-line error. With the CPU asked for,
+    `cifarkit train` as a host user's uid, data read-only, the run written to a mounted folder that uid owns; then
+    whether the image's healthcheck tells that no GPU is visible."""
+    refused = subprocess.run(["podman", "run", "--rm", "--network", "none", tag, *TRAINING], capture_output=True,
+                             text=True)
+    with log.open("a") as out:
+        out.write(f"\n$ podman run {tag} {' '.join(TRAINING)}  # no GPU\n{refused.stdout}{refused.stderr}")
+    error = (refused.stderr.strip().splitlines() or ["(nothing)"])[-1]
+    if refused.returncode == 0 or "--gpus all" not in error:
+        raise CheckFailed(f"without a GPU the CUDA image did not refuse to train: exit code {refused.returncode}, "
+                          f"last line {error!r}")
     with tempfile.TemporaryDirectory(prefix="cifarkit-runs-") as runs:
-        os.chown(runs, UID, UID)  # the container's user writes here
+        os.chown(runs, *map(int, HOST_USER.split(":")))  # the host user's folder, as `mkdir -p runs` makes it
         start = time.perf_counter()
-        run(["podman", "run", "--rm", "--network", "none", "--volume", f"{data}:{USER_HOME}/.cache/cifarkit:ro",
-             "--volume", f"{runs}:{USER_HOME}/runs", tag, *TRAINING, "--out", "runs/check"], log)
+        run(["podman", "run", "--rm", "--network", "none", *ALLOW_CPU, *AS_HOST_USER, "--volume",
+             f"{data}:{USER_HOME}/.cache/cifarkit:ro", "--volume", f"{runs}:{USER_HOME}/runs", tag, *TRAINING,
+             "--out", "runs/check"], log)
         seconds = time.perf_counter() - start
         summary_file = Path(runs) / "check" / "summary.json"
         if not summary_file.exists():
             raise CheckFailed(f"the training in the container wrote no summary.json; its output is in {log}")
         summary = json.loads(summary_file.read_text())
+        owner = summary_file.stat().st_uid
     name = f"cifarkit-check-gpu-{os.getpid()}"
-    run(["podman", "run", "--detach", "--name", name, "--network", "none", tag, "sleep", "600"], log)
+    run(["podman", "run", "--detach", "--name", name, "--network", "none", *ALLOW_CPU, tag, "sleep", "600"], log)
     try:
         sees_gpu = succeeds(["podman", "healthcheck", "run", name])
     finally:
         remove(name, log)
-    return {"command": " ".join(TRAINING), "seconds": round(seconds, 1),
-            "device": summary["device"], "precision": summary["precision"], "test_acc": summary["test_acc"],
-            "dataset_sha256": summary["dataset_sha256"], "healthcheck_passes": sees_gpu}
+    return {"refused_without_gpu": error, "command": " ".join(TRAINING), "user": HOST_USER, "files_uid": owner,
+            "seconds": round(seconds, 1), "device": summary["device"], "precision": summary["precision"],
+            "test_acc": summary["test_acc"], "dataset_sha256": summary["dataset_sha256"],
+            "healthcheck_passes": sees_gpu}
+
+
+def jupyter_get(port: int, path: str) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                     headers={"Authorization": f"token {JUPYTER_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def answers(port: int, path: str) -> bool:
+    try:
+        jupyter_get(port, path)
+    except OSError:  # refused or reset while the server starts; an HTTP error too, until the timeout names it
+        return False
+    return True
+
+
+def check_jupyter(tag: str, timeout: float, log: Path) -> dict:
+    """The documented `jupyter lab --ip 0.0.0.0` as a host user's uid, published on loopback: it must list the
+    quickstart notebook and a Python kernel."""
+    name = f"cifarkit-check-jupyter-{os.getpid()}"
+    port = free_port()
+    notebook = "/api/contents/notebooks/quickstart.ipynb?content=0"
+    run(["podman", "run", "--detach", "--name", name, *ALLOW_CPU, *AS_HOST_USER, "--publish",
+         f"127.0.0.1:{port}:{JUPYTER_PORT}", tag, *JUPYTER, f"--IdentityProvider.token={JUPYTER_TOKEN}"], log)
+    try:
+        seconds = wait_until(name, lambda: answers(port, notebook), "answering with the notebook", timeout, log)
+        return {"command": " ".join(JUPYTER), "user": HOST_USER, "answered_seconds": round(seconds, 1),
+                "notebook": jupyter_get(port, notebook)["path"],
+                "kernels": sorted(jupyter_get(port, "/api/kernelspecs")["kernelspecs"])}
+    finally:
+        remove(name, log)
 
 
 def check(args, work: Path, log: Path) -> dict:
@@ -249,6 +304,7 @@ def check(args, work: Path, log: Path) -> dict:
     result["cuda"] = build("Dockerfile.cuda", TORCH_STANDIN, "localhost/cifarkit:cuda-standin", log)
     result["cuda"]["standin_seconds"] = round(standin_seconds, 1)
     result["cuda"]["training"] = check_training("localhost/cifarkit:cuda-standin", data, log)
+    result["cuda"]["jupyter"] = check_jupyter("localhost/cifarkit:cuda-standin", args.ready_timeout, log)
     return result
 
 
@@ -262,12 +318,16 @@ def summary_lines(result: dict) -> list[str]:
              f"{cpu['serving']['start_to_answers_seconds']:.1f} s after start"]
     lines += [f"  {name}: {p['label']} ({p['confidence']:.1%})" for name, p in cpu["serving"]["predictions"].items()]
     if "cuda" in result:
-        cuda, training = result["cuda"], result["cuda"]["training"]
+        cuda, training, jupyter = result["cuda"], result["cuda"]["training"], result["cuda"]["jupyter"]
         lines += [f"CUDA image {cuda['tag']} on {cuda['base']}: built offline in {cuda['build_seconds']:.0f} s, "
                   f"{cuda['image_mib']:,} MiB, user {cuda['user']}, command {' '.join(cuda['cmd'])}",
-                  f"  {training['command']}: {training['seconds']:.0f} s, {training['device']} "
-                  f"{training['precision']}, test acc {training['test_acc']:.2%}; healthcheck (sees a GPU) "
-                  f"{'passes' if training['healthcheck_passes'] else 'fails'}"]
+                  f"  without a GPU: {training['refused_without_gpu']}",
+                  f"  {training['command']} as {training['user']}: {training['seconds']:.0f} s, "
+                  f"{training['device']} {training['precision']}, test acc {training['test_acc']:.2%}, files of uid "
+                  f"{training['files_uid']}; healthcheck (sees a GPU) "
+                  f"{'passes' if training['healthcheck_passes'] else 'fails'}",
+                  f"  {jupyter['command']} as {jupyter['user']}: answered in {jupyter['answered_seconds']:.1f} s with "
+                  f"{jupyter['notebook']}, kernels {', '.join(jupyter['kernels'])}"]
     return lines
 
 

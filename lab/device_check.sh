@@ -15,8 +15,9 @@
 #    airbench94_muon.py and the 2025 record's cifar10_speedrun.py, where their copies are in the project root (MUON,
 #    RECORD override) -> airbench94_muon-cuda.json, cifar10_speedrun-cuda.json.
 # 4. Inference and serving on the GPU (see the step) -> inference-cuda.json and the serving benchmark.
-# 5. `cifarkit bench --devices cpu cuda`: CPU against GPU epoch time, fp32 against AMP with peak memory, cuDNN
-#    autotuning on and off -> bench-devices.json.
+# 5. `cifarkit bench --devices cpu cuda`, the write-ups' three models (CIFAR10Net, SimpleCNN, ResNet-18), one
+#    round: CPU against GPU epoch time and speed-up, fp32 against amp with peak GPU memory, and amp once more with
+#    cuDNN autotuning off -> bench-devices.json.
 # Steps 1-3 need the real CIFAR-10 (CIFARKIT_DATA, or the cache that `lab/carry_data.py unpack` rebuilds); without
 # it they are skipped, and the script says so.
 # A step that fails is reported and the next one runs: one lease of a GPU is too short to lose the rest to it.
@@ -82,6 +83,6 @@ else
          "or carry the cache with lab/carry_data.py"
 fi
 # INFERENCE STEPS
-step "the device report" cifarkit bench --devices cpu cuda --models cifar10net fastnet --steps 5 --rounds 2 \
+step "the device report" cifarkit bench --devices cpu cuda --models cifar10net simplecnn resnet18 --rounds 1 \
     --json "$out/bench-devices.json"
 summary

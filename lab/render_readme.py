@@ -178,11 +178,21 @@ def containers_block() -> str:
     if "cuda" in result:
         cuda, training = result["cuda"], result["cuda"]["training"]
         verdict = "passes" if training["healthcheck_passes"] else "fails, as it should without a GPU"
+        trained = (f"`{training['command']}`: {training['seconds']:.0f} s on the {training['device']} "
+                   f"({training['precision']}), test accuracy {training['test_acc']:.1%}")
+        if "jupyter" in cuda:
+            jupyter = cuda["jupyter"]
+            trained = (f"without a GPU it stops: `{training['refused_without_gpu']}`; with `CIFARKIT_ALLOW_CPU=1`, as "
+                       f"uid {training['user']} (`--user`, in no passwd), {trained}, its files the uid's "
+                       f"({training['files_uid']}); `{jupyter['command']}` as that uid answered in "
+                       f"{jupyter['answered_seconds']:.0f} s with {jupyter['notebook']} and the kernels "
+                       f"{', '.join(jupyter['kernels'])}")
         lines.append(f"| `{cuda['dockerfile']}` on the stand-in `{cuda['base']}` | {cuda['build_seconds']:.0f} s | "
-                     f"{cuda['image_mib']:,} MiB | {cuda['user']} | `{' '.join(cuda['cmd'])}` | "
-                     f"`{training['command']}`: {training['seconds']:.0f} s on the {training['device']} "
-                     f"({training['precision']}), test accuracy {training['test_acc']:.1%}; "
+                     f"{cuda['image_mib']:,} MiB | {cuda['user']} | `{' '.join(cuda['cmd'])}` | {trained}; "
                      f"the healthcheck {verdict} |")
+        if "jupyter" not in cuda:
+            lines += ["", "This record predates the CUDA image's entrypoint, its JupyterLab and the run as a host "
+                          "user's uid: `python lab/container_check.py` checks them where podman is."]
     lines += ["", "The wheelhouse here holds PyPI's torch, the CUDA build, so the CPU image measured here carries "
                   "CUDA's libraries; built online from PyTorch's CPU-only index it would not (that index is not "
                   "reachable here)."]

@@ -1,13 +1,16 @@
 """The Dockerfiles' contracts, checked without a container engine (CI has none; lab/container_check.py builds and
-runs the CPU image where podman is): multi-stage, a non-root user, a healthcheck that really tells ready from not, a
-default command the CLI accepts, a build context that holds what the builds copy, and torch pins the package allows."""
+runs both images where podman is): multi-stage, a non-root user, a healthcheck that really tells ready from not, a
+default command the CLI accepts, a build context that holds what the builds copy, torch pins the package allows, and
+the CUDA image's entrypoint that refuses to run without a GPU, its JupyterLab and a HOME any uid can write."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -56,7 +59,8 @@ def torch_requirement() -> Requirement:
 def test_multi_stage_non_root_with_a_healthcheck_and_a_command_the_cli_takes(name):
     assert sum(word == "FROM" for word, _ in instructions(name)) >= 2
     stage = final_stage(name)
-    assert "--from=build" in one(stage, "COPY"), "the final stage takes the built venv from the build stage"
+    copies = [rest for word, rest in stage if word == "COPY"]
+    assert any(rest.startswith("--from=build ") for rest in copies), "the final stage takes the venv from the build"
     user = one(stage, "USER")
     assert user not in ("root", "0") and not user.startswith("0:")
     command = json.loads(one(stage, "CMD"))
@@ -108,3 +112,46 @@ def test_the_cuda_healthcheck_reports_a_container_without_a_gpu_as_unhealthy():
     command = healthcheck_command("Dockerfile.cuda")
     result = subprocess.run([sys.executable, *command[1:]], capture_output=True, timeout=120)
     assert result.returncode == (0 if torch.cuda.is_available() else 1), result.stderr.decode()[-500:]
+
+
+def cuda_entrypoint() -> list[str]:
+    """Dockerfile.cuda's ENTRYPOINT, with the script that it copies into the image read from the checkout."""
+    stage = final_stage("Dockerfile.cuda")
+    *program, script = json.loads(one(stage, "ENTRYPOINT"))
+    copies = [rest.split() for word, rest in stage if word == "COPY" and not rest.startswith("--from")]
+    sources = [source for source, destination in copies
+               if destination == script or destination.endswith("/") and destination + Path(source).name == script]
+    assert len(sources) == 1, f"ENTRYPOINT runs {script}, which no COPY from the checkout puts there"
+    return [*program, str(ROOT / sources[0])]
+
+
+def test_the_cuda_image_refuses_to_start_without_a_gpu_unless_the_cpu_is_asked_for():
+    import torch
+
+    # The image's python3 is its venv's, first on PATH; here it is this test's.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("CIFARKIT_ALLOW_CPU", None)
+    command = [*cuda_entrypoint(), "sh", "-c", "echo the command ran; exit 3"]
+    refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    if torch.cuda.is_available():
+        assert refused.returncode == 3 and "the command ran" in refused.stdout
+    else:
+        assert refused.returncode == 2 and not refused.stdout
+        message = refused.stderr.strip().splitlines()[-1]
+        assert message.startswith("cifarkit: error: this container sees no GPU; start it with --gpus all")
+        assert "NVIDIA Container Toolkit" in message and "-e CIFARKIT_ALLOW_CPU=1" in message
+    allowed = subprocess.run(command, capture_output=True, text=True, env={**env, "CIFARKIT_ALLOW_CPU": "1"},
+                             timeout=120)
+    assert allowed.returncode == 3 and allowed.stdout == "the command ran\n", allowed.stderr
+
+
+def test_the_cuda_image_opens_the_notebook_in_jupyterlab_for_any_uid():
+    steps, stage = instructions("Dockerfile.cuda"), final_stage("Dockerfile.cuda")
+    pin = re.search(r"^ARG JUPYTERLAB_VERSION=(\S+)$", (ROOT / "Dockerfile.cuda").read_text(), re.MULTILINE)
+    assert pin and any(word == "RUN" and '"jupyterlab==$JUPYTERLAB_VERSION"' in rest for word, rest in steps)
+    home = one(stage, "WORKDIR")
+    assert ["notebooks/quickstart.ipynb", "notebooks/"] in [rest.split() for word, rest in stage if word == "COPY"]
+    assert (ROOT / "notebooks" / "quickstart.ipynb").is_file() and one(stage, "EXPOSE") == "8888"
+    # `--user "$(id -u):$(id -g)"` gives a uid without a passwd entry: HOME must be named, and writable by anyone.
+    assert f"HOME={home}" in one(stage, "ENV").split()
+    assert any(word == "RUN" and f"chmod -R a+rwX {home}" in rest for word, rest in stage)

@@ -118,6 +118,7 @@ def test_device_report_measures_each_configuration_in_its_own_process(tmp_path, 
         assert result["skipped"]["cpu amp"] == "no mixed precision on this device"
     if not torch.cuda.is_available():
         assert result["skipped"]["cuda"] == "not available here" and "skipped cuda: not available here" in printed
+        assert result["comparisons"] == {"against_cpu": [], "against_fp32": [], "autotuning": []}
     fp32 = result["rows"][0]
     assert fp32["speedup_vs_cpu_fp32"] == 1.0 and fp32["epoch_s"] == pytest.approx(50_000 / fp32["images_per_s"])
     for row in result["rows"]:

@@ -184,3 +184,27 @@ def test_the_winograd_table_is_rendered_from_a_measurement(tmp_path):
     assert f"as fp32 training takes them {1e3 * trained:,.0f} ms." in result_tables.winograd_tables(tmp_path)
 
 
+
+
+@pytest.mark.unit
+def test_the_container_block_shows_the_cuda_images_refusal_its_user_and_jupyterlab(tmp_path, monkeypatch):
+    """lab/container_check.py's record of the CUDA image, as its summary and the page read it; a record from before
+    those checks says so."""
+    assert "This record predates the CUDA image's entrypoint" in render.containers_block()
+    check = load("container_check")
+    record = json.loads((RESULTS / "container-check.json").read_text())
+    refusal = ("cifarkit: error: this container sees no GPU; start it with --gpus all (the host needs the NVIDIA "
+               "Container Toolkit), or with -e CIFARKIT_ALLOW_CPU=1 to run on the CPU on purpose")
+    uid = int(check.HOST_USER.split(":")[0])
+    record["cuda"]["training"].update(refused_without_gpu=refusal, user=check.HOST_USER, files_uid=uid)
+    record["cuda"]["jupyter"] = {"command": " ".join(check.JUPYTER), "user": check.HOST_USER, "answered_seconds": 6.0,
+                                 "notebook": "notebooks/quickstart.ipynb", "kernels": ["python3"]}
+    (tmp_path / "container-check.json").write_text(json.dumps(record))
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    block = render.containers_block()
+    assert f"without a GPU it stops: `{refusal}`; with `CIFARKIT_ALLOW_CPU=1`, as uid {check.HOST_USER}" in block
+    assert f"its files the uid's ({uid}); `jupyter lab --ip 0.0.0.0` as that uid answered in 6 s with " \
+           "notebooks/quickstart.ipynb and the kernels python3; the healthcheck fails" in block
+    assert "predates" not in block
+    summary = "\n".join(check.summary_lines(record))
+    assert f"without a GPU: {refusal}" in summary and "notebooks/quickstart.ipynb, kernels python3" in summary

@@ -21,11 +21,15 @@ BENCH_MODES = ["fp32", "bf16+cl"]  # bench's default: a CPU's plain and fast tra
 
 def cmd_bench(args) -> None:
     from cifarkit.core.device import describe, pick_device, report
+    from cifarkit.core.errors import CifarkitError
     from cifarkit.core.files import write_json
     from cifarkit.models import names
     from cifarkit.tools.benchmark import SPEED_ONLY, peak_memory, train_throughput
     from cifarkit.training import distributed
     from cifarkit.training.tracking import stamp
+    if args.no_cudnn_benchmark and (args.nproc or args.devices):
+        raise CifarkitError("--no-cudnn-benchmark is for one measurement on CUDA: --devices measures cuDNN's "
+                            "autotuning on and off by itself, and --nproc measures with it on, as training runs")
     if args.nproc:
         _bench_scaling(args)
         return
@@ -37,7 +41,7 @@ def cmd_bench(args) -> None:
     device = distributed.init(group, pick_device(args.device), None)
     try:
         rows = train_throughput(args.models or names(), modes, device, args.batch_size, args.steps, args.rounds,
-                                group)
+                                group, cudnn_benchmark=not args.no_cudnn_benchmark)
     finally:
         distributed.finish(group)
     if not group.writes:
@@ -58,7 +62,8 @@ def cmd_bench(args) -> None:
                                "steps": args.steps, "rounds": args.rounds, "results": rows,
                                "process": {"minor_page_faults": usage.ru_minflt, "system_s": usage.ru_stime,
                                            "user_s": usage.ru_utime},
-                               "peak_memory": {"bytes": peak, "kind": kind}})
+                               "peak_memory": {"bytes": peak, "kind": kind},
+                               "cudnn_benchmark": not args.no_cudnn_benchmark if device.type == "cuda" else None})
         print(f"wrote {args.json}")
 
 
@@ -66,7 +71,7 @@ def _bench_devices(args) -> None:
     from cifarkit.core.device import describe, report
     from cifarkit.core.files import write_json
     from cifarkit.models import names
-    from cifarkit.tools.benchmark import AMP, SPEED_ONLY, device_report, device_table
+    from cifarkit.tools.benchmark import AMP, SPEED_ONLY, comparison_tables, device_report, device_table
     from cifarkit.training.plots import device_speedups
     from cifarkit.training.tracking import stamp
     result = device_report(args.devices, args.models or names(), args.modes or ["fp32", AMP], args.batch_size,
@@ -76,6 +81,9 @@ def _bench_devices(args) -> None:
     print(f"\ntraining and inference per device, batch {args.batch_size}, median of {plural(args.rounds, 'round')} "
           f"of {plural(args.steps, 'step')}, each measured in a process of its own")
     print(device_table(result))
+    tables = comparison_tables(result["comparisons"])
+    if tables:
+        print(f"\n{tables}")
     print(SPEED_ONLY)
     for what, why in result["skipped"].items():
         print(f"skipped {what}: {why}")
@@ -237,13 +245,18 @@ def register(sub) -> None:
                    help="interleaved rounds; the table shows each configuration's median (default: 3)")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: CUDA, then MPS, then the CPU")
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--no-cudnn-benchmark", action="store_true",
+                   help="on CUDA, measure with cuDNN's autotuning (torch.backends.cudnn.benchmark) off, which training "
+                        "always turns on: what it gains")
     p.add_argument("--nproc", type=bounded(1), nargs="+", metavar="N",
                    help="measure data-parallel scaling instead: the first model (default fastnet) in the last mode, "
                         "on N processes each, launched by torchrun")
     p.add_argument("--devices", nargs="+", choices=("cpu", "cuda", "mps"),
                    help="the CPU-vs-GPU report instead: every model on each of these devices that is available "
-                        "(cpu included), against the CPU in fp32, with peak memory and inference img/s; --json "
-                        "also writes a bar chart beside it (.png)")
+                        "(cpu included), against the CPU in fp32, with peak memory and inference img/s, each "
+                        "configuration in a process of its own; on CUDA the last mode also with cuDNN's autotuning "
+                        "off; then each device against the CPU, each mode against fp32, and autotuning on against "
+                        "off; --json also writes a bar chart beside it (.png)")
     p.set_defaults(func=cmd_bench)
     p = command(sub, "profile", "where a recipe's training step spends its time (torch.profiler table, page faults)")
     add_recipe_options(p)

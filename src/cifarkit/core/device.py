@@ -159,10 +159,11 @@ def autocast(device: torch.device, precision: Precision, cache: bool = True):
     return torch.autocast(device.type, dtype=precision.autocast_dtype, cache_enabled=cache)
 
 
-def configure(device: torch.device) -> None:
+def configure(device: torch.device, cudnn_benchmark: bool = True) -> None:
+    """`cudnn_benchmark=False` only to measure what the autotuning gains (`cifarkit bench --no-cudnn-benchmark`)."""
     if device.type == "cuda":
         # Fixed input shapes make cuDNN's autotuner pay off after the first few steps.
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
 def report(device: torch.device | None = None) -> dict:

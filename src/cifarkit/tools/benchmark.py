@@ -33,14 +33,18 @@ from cifarkit.training.optim import build_optimizer, build_schedule
 MODES = {"fp32": ("fp32", False), "fp32+cl": ("fp32", True), "bf16+cl": ("bf16", True), "fp16+cl": ("fp16", True)}
 # Random images the steps cycle through, so that more --steps cost time, not memory.
 SYNTHETIC_IMAGES = 4096
+# What a CUDA configuration's steps hold. The count starts after the first step, where cuDNN's autotuning tries its
+# algorithms, each in a workspace of its own: training keeps only the chosen ones'.
+CUDA_PEAK = "torch.cuda.max_memory_allocated over the timed steps"
 EVAL_IMAGES = 10_000  # the test set's size: what rank 0 evaluates alone while the other ranks wait
 
 log = logging.getLogger("cifarkit")
 
 
 def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, steps: int,
-             group: distributed.Group = distributed.Group(), progress: bool = True) -> float:
-    """img/s of training steps over all ranks of `group` (each rank takes its shard of every batch)."""
+             group: distributed.Group = distributed.Group(), progress: bool = True) -> dict:
+    """img/s of training steps over all ranks of `group` (each rank takes its shard of every batch), and on CUDA the
+    most memory the timed steps held (CUDA_PEAK; None elsewhere)."""
     precision_name, channels_last = MODES[mode]
     precision = pick_precision(precision_name, device)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -61,9 +65,12 @@ def _measure(model_name: str, mode: str, device: torch.device, batch_size: int, 
     # The first step pays one-off costs (allocator, oneDNN/cuDNN kernel choice); it is run but not timed.
     progress = progress and group.writes
     train_one_epoch(state, [next(batches)], 1, batch_size, loss_fn, device, precision, None, progress=progress)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     stats = train_one_epoch(state, itertools.islice(batches, steps), steps, batch_size, loss_fn, device, precision,
                             None, progress=progress)
-    return stats["images_per_s"]
+    return {"images_per_s": stats["images_per_s"],
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
 
 
 # A fixed small workload, timed by a speed run before and after each run: this shared machine's speed swings 2x
@@ -76,12 +83,15 @@ def machine_speed(device: torch.device, precision_name: str) -> dict:
     """The probe's training img/s in `precision_name` with channels-last, as a run on `device` trains."""
     mode = f"{precision_name}+cl"
     return {**PROBE, "mode": mode,
-            "images_per_s": _measure(PROBE["model"], mode, device, PROBE["batch_size"], PROBE["steps"], progress=False)}
+            "images_per_s": _measure(PROBE["model"], mode, device, PROBE["batch_size"], PROBE["steps"],
+                                     progress=False)["images_per_s"]}
 
 
-def eval_throughput(model_name: str, mode: str, device: torch.device) -> float:
-    """img/s of one evaluation pass (no TTA) over EVAL_IMAGES synthetic test images."""
+def eval_throughput(model_name: str, mode: str, device: torch.device, cudnn_benchmark: bool = True) -> float:
+    """img/s of one evaluation pass (no TTA) over EVAL_IMAGES synthetic test images, with cuDNN's autotuning as a
+    run has it unless `cudnn_benchmark` is False."""
     precision_name, channels_last = MODES[mode]
+    configure(device, cudnn_benchmark)
     model = models.create(model_name).to(device)
     images = torch.randint(0, 256, (EVAL_IMAGES, 3, 32, 32), dtype=torch.uint8)
     labels = torch.randint(0, 10, (EVAL_IMAGES,))
@@ -128,7 +138,8 @@ def scaling(nprocs: list[int], model_name: str, mode: str, device: torch.device,
 
 
 def train_throughput(model_names, modes, device: torch.device, batch_size: int = 128, steps: int = 10,
-                     rounds: int = 3, group: distributed.Group = distributed.Group()) -> list[dict]:
+                     rounds: int = 3, group: distributed.Group = distributed.Group(),
+                     cudnn_benchmark: bool = True) -> list[dict]:
     unknown = [mode for mode in modes if mode not in MODES]
     if unknown:
         raise CifarkitError(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
@@ -139,18 +150,20 @@ def train_throughput(model_names, modes, device: torch.device, batch_size: int =
             raise CifarkitError(f"mode {mode}: {problem}; on {device.type} choose --modes from {', '.join(usable)}")
     for name in model_names:
         models.create(name)  # an unknown name fails here, listing the registered ones, before anything is timed
-    configure(device)
+    configure(device, cudnn_benchmark)
     samples = {(m, mode): [] for m in model_names for mode in modes}
     for round_ in range(1, rounds + 1):
         log.info("measuring, round %d of %d", round_, rounds)
         for key in samples:
             samples[key].append(_measure(*key, device, batch_size, steps, group))
+    rates = {key: [s["images_per_s"] for s in values] for key, values in samples.items()}
     rows = []
     for (model_name, mode), values in samples.items():
-        baseline = statistics.median(samples[(model_name, modes[0])])
-        median = statistics.median(values)
-        rows.append({"model": model_name, "mode": mode, "images_per_s": median, "samples": values,
-                     f"speedup_vs_{modes[0]}": median / baseline})
+        baseline = statistics.median(rates[(model_name, modes[0])])
+        median = statistics.median(rates[(model_name, mode)])
+        peaks = [s["peak_memory_bytes"] for s in values if s["peak_memory_bytes"] is not None]
+        rows.append({"model": model_name, "mode": mode, "images_per_s": median, "samples": rates[(model_name, mode)],
+                     f"speedup_vs_{modes[0]}": median / baseline, "peak_memory_bytes": max(peaks) if peaks else None})
     return rows
 
 
@@ -166,9 +179,10 @@ def amp_mode(device: torch.device) -> str | None:
 
 
 def peak_memory(device: torch.device) -> tuple[int | None, str]:
-    """(bytes, what they count): the most this process has held for `device`'s work so far."""
+    """(bytes, what they count): the most this process has held for `device`'s work so far. Not on CUDA, where
+    _measure restarts the count for each configuration: each result's peak_memory_bytes holds it there."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+        return None, f"per configuration, in each result's peak_memory_bytes: {CUDA_PEAK}"
     if device.type == "cpu":
         import resource  # Unix only, as this measure is
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
@@ -179,19 +193,56 @@ def peak_memory(device: torch.device) -> tuple[int | None, str]:
 def device_report(devices: list[str], model_names: list[str], modes: list[str], batch_size: int, steps: int,
                   rounds: int) -> dict:
     """Training img/s, epoch time, peak memory and inference img/s of each model on each available device, in fp32
-    and `amp`, and each one's speed-up over the CPU in fp32; devices not available here are listed as skipped.
+    and `amp`, and each one's speed-up over the CPU in fp32; devices not available here are listed as skipped. On
+    CUDA the last mode is measured once more with cuDNN's autotuning off, which no `cifarkit train` does, to show
+    what the autotuning gains. `comparisons` reads the rows as the GPU tables (gpu_comparisons).
 
     Each training measurement is a process of its own (`cifarkit bench` for one model, mode and device), so that its
-    peak memory is its own: a process's peak RSS never comes down, and its allocator keeps what it freed. The
-    processes are interleaved round by round, and each configuration keeps its median rate and its largest peak.
+    peak memory is its own: a process's peak RSS never comes down, its allocator keeps what it freed, and cuDNN keeps
+    the algorithms it chose. The processes are interleaved round by round, and each configuration keeps its median
+    rate and its largest peak.
     """
     if "cpu" not in devices or "fp32" not in modes:
         raise CifarkitError("the device report measures speed-ups against the CPU in fp32: include cpu in --devices "
                             "and fp32 in --modes")
     for name in model_names:
         models.create(name)  # an unknown name fails here, listing the registered ones, before anything is timed
+    configs, skipped = _device_configs(devices, model_names, modes)
+    samples: dict[tuple, list[dict]] = {c: [] for c in configs}
+    for round_ in range(1, rounds + 1):
+        for config in configs:
+            device, model, _, key, tuned = config
+            what = f"{model} {key} on {device.type}" + (", cuDNN autotuning off" if tuned is False else "")
+            log.info("round %d of %d: %s", round_, rounds, what)
+            off = ["--no-cudnn-benchmark"] if tuned is False else []
+            measured = _bench_process([sys.executable, "-m", "cifarkit", "bench", "--models", model, "--modes", key,
+                                       "--device", device.type, "--batch-size", str(batch_size), "--steps",
+                                       str(steps), "--rounds", "1", *off], f"measuring {what}")
+            result = measured["results"][0]
+            peak = measured["peak_memory"] if result["peak_memory_bytes"] is None else {
+                "bytes": result["peak_memory_bytes"], "kind": CUDA_PEAK}
+            samples[config].append({"images_per_s": result["images_per_s"], **peak})
+    rates = {c: statistics.median(s["images_per_s"] for s in values) for c, values in samples.items()}
+    baseline = {c[1]: rate for c, rate in rates.items() if c[0].type == "cpu" and c[2] == "fp32"}
+    rows = []
+    for config, values in samples.items():
+        device, model, mode, key, tuned = config
+        peaks = [s["bytes"] for s in values if s["bytes"] is not None]
+        rows.append({"device": device.type, "model": model, "mode": mode, "measured_as": key,
+                     "cudnn_benchmark": tuned, "images_per_s": rates[config],
+                     "samples": [s["images_per_s"] for s in values], "epoch_s": TRAIN_IMAGES / rates[config],
+                     "speedup_vs_cpu_fp32": rates[config] / baseline[model],
+                     "peak_memory_bytes": max(peaks) if peaks else None, "peak_memory_kind": values[0]["kind"],
+                     "inference_images_per_s": eval_throughput(model, key, device, tuned is not False)})
+    return {"batch_size": batch_size, "steps": steps, "rounds": rounds, "eval_images": EVAL_IMAGES, "rows": rows,
+            "comparisons": gpu_comparisons(rows), "skipped": skipped}
+
+
+def _device_configs(devices: list[str], model_names: list[str], modes: list[str]) -> tuple[list[tuple], dict]:
+    """(device, model, mode, the MODES entry it runs as, cuDNN autotuning: None where there is no cuDNN) of each
+    measurement of the device report, and {what: why} of each one that cannot run here."""
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "cpu": True}
-    skipped, configs = {}, []
+    configs, skipped = [], {}
     for name in devices:
         if not available[name]:
             skipped[name] = "not available here"
@@ -202,30 +253,44 @@ def device_report(devices: list[str], model_names: list[str], modes: list[str], 
             problem = "no mixed precision on this device" if key is None else precision_problem(MODES[key][0], device)
             if problem:
                 skipped[f"{name} {mode}"] = problem
+            elif name != "cuda":
+                configs.extend((device, model, mode, key, None) for model in model_names)
             else:
-                configs.extend((device, model, mode, key) for model in model_names)
-    samples: dict[tuple, list[dict]] = {c: [] for c in configs}
-    for round_ in range(1, rounds + 1):
-        for device, model, mode, key in configs:
-            log.info("round %d of %d: %s %s on %s", round_, rounds, model, key, device.type)
-            measured = _bench_process([sys.executable, "-m", "cifarkit", "bench", "--models", model, "--modes", key,
-                                       "--device", device.type, "--batch-size", str(batch_size), "--steps",
-                                       str(steps), "--rounds", "1"], f"measuring {model} {key} on {device.type}")
-            samples[(device, model, mode, key)].append({"images_per_s": measured["results"][0]["images_per_s"],
-                                                        **measured["peak_memory"]})
-    rates = {c: statistics.median(s["images_per_s"] for s in values) for c, values in samples.items()}
-    baseline = {c[1]: rate for c, rate in rates.items() if c[0].type == "cpu" and c[2] == "fp32"}
-    rows = []
-    for config, values in samples.items():
-        device, model, mode, key = config
-        peaks = [s["bytes"] for s in values if s["bytes"] is not None]
-        rows.append({"device": device.type, "model": model, "mode": mode, "measured_as": key,
-                     "images_per_s": rates[config], "samples": [s["images_per_s"] for s in values],
-                     "epoch_s": TRAIN_IMAGES / rates[config], "speedup_vs_cpu_fp32": rates[config] / baseline[model],
-                     "peak_memory_bytes": max(peaks) if peaks else None, "peak_memory_kind": values[0]["kind"],
-                     "inference_images_per_s": eval_throughput(model, key, device)})
-    return {"batch_size": batch_size, "steps": steps, "rounds": rounds, "eval_images": EVAL_IMAGES, "rows": rows,
-            "skipped": skipped}
+                tunings = (True, False) if mode == modes[-1] else (True,)
+                configs.extend((device, model, mode, key, tuned) for tuned in tunings for model in model_names)
+    return configs, skipped
+
+
+def gpu_comparisons(rows: list[dict]) -> dict:
+    """A device report's rows read as the GPU tables of the write-ups cifarkit started from, for every device but the
+    CPU: `against_cpu`, each configuration's training rate against the CPU's in the same mode (the GPU's speed-up);
+    `against_fp32`, each mode's rate and peak memory against fp32's on that device (fp32 against AMP);
+    `autotuning`, cuDNN's autotuning on against off. All empty where only the CPU was measured. Each model's rows
+    stand together, in the order of the report's."""
+    order = list(dict.fromkeys(r["model"] for r in rows))
+    tuned = {(r["device"], r["model"], r["mode"]): r for r in rows if r.get("cudnn_benchmark") is not False}
+    found = {"against_cpu": [], "against_fp32": [], "autotuning": []}
+    for r in sorted(rows, key=lambda r: order.index(r["model"])):
+        if r["device"] == "cpu":
+            continue
+        same = {"device": r["device"], "model": r["model"], "mode": r["mode"], "measured_as": r["measured_as"]}
+        if r.get("cudnn_benchmark") is False:
+            on = tuned[(r["device"], r["model"], r["mode"])]
+            found["autotuning"].append({**same, "epoch_s_on": on["epoch_s"], "epoch_s_off": r["epoch_s"],
+                                        "speedup": on["images_per_s"] / r["images_per_s"]})
+            continue
+        cpu = tuned.get(("cpu", r["model"], r["mode"]))
+        if cpu:
+            found["against_cpu"].append({**same, "cpu_measured_as": cpu["measured_as"],
+                                         "cpu_epoch_s": cpu["epoch_s"], "epoch_s": r["epoch_s"],
+                                         "speedup": r["images_per_s"] / cpu["images_per_s"]})
+        fp32 = tuned[(r["device"], r["model"], "fp32")]
+        memory = (r["peak_memory_bytes"], fp32["peak_memory_bytes"])
+        found["against_fp32"].append({**same, "epoch_s": r["epoch_s"],
+                                      "speedup": r["images_per_s"] / fp32["images_per_s"],
+                                      "peak_memory_bytes": r["peak_memory_bytes"],
+                                      "memory_vs_fp32": None if None in memory else memory[0] / memory[1]})
+    return found
 
 
 # A throughput ratio says nothing of accuracy, so it is never printed or recorded without this.
@@ -233,16 +298,61 @@ SPEED_ONLY = ("speed only: these steps measure no accuracy, which a change of pr
               "`cifarkit speedrun` measures it")
 
 
+def _mode(row: dict) -> str:
+    return row["mode"] if row["mode"] == row["measured_as"] else f"{row['mode']} ({row['measured_as']})"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 10 else f"{seconds:.2f} s"  # a GPU's epoch may take under a second
+
+
+def _memory(size: int | None) -> str:
+    return "-" if size is None else f"{size / 2**20:,.0f} MiB"
+
+
 def device_table(result: dict) -> str:
     """The device report as a markdown table (also what lab/render_readme.py puts in the README)."""
     lines = ["| device | model | mode | train img/s | epoch | vs CPU fp32 | peak memory | inference img/s |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        mode = r["mode"] if r["mode"] == r["measured_as"] else f"{r['mode']} ({r['measured_as']})"
-        memory = "-" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**20:,.0f} MiB"
-        lines.append(f"| {r['device']} | {r['model']} | {mode} | {r['images_per_s']:,.0f} | {r['epoch_s']:.1f} s | "
-                     f"{r['speedup_vs_cpu_fp32']:.2f}x | {memory} | {r['inference_images_per_s']:,.0f} |")
+        mode = _mode(r) + (", cuDNN autotuning off" if r.get("cudnn_benchmark") is False else "")
+        lines.append(f"| {r['device']} | {r['model']} | {mode} | {r['images_per_s']:,.0f} | {_seconds(r['epoch_s'])} | "
+                     f"{r['speedup_vs_cpu_fp32']:.2f}x | {_memory(r['peak_memory_bytes'])} | "
+                     f"{r['inference_images_per_s']:,.0f} |")
     return "\n".join(lines)
+
+
+# gpu_comparisons' tables: the line above each, the columns after device, model and mode, and their cells.
+COMPARISON_TABLES = {
+    "against_cpu": (
+        "Each device against the CPU in the same mode (an epoch: 50,000 images at the training rate measured)",
+        ("epoch on the CPU", "epoch", "speed-up over the CPU"),
+        lambda c: (_seconds(c["cpu_epoch_s"]) + ("" if c["cpu_measured_as"] == c["measured_as"]
+                                                  else f" ({c['cpu_measured_as']})"),
+                   _seconds(c["epoch_s"]), f"{c['speedup']:.2f}x")),
+    "against_fp32": (
+        "Each mode against fp32 on the same device: time and peak memory (on CUDA `torch.cuda.max_memory_allocated` "
+        "over the timed steps, in a process that measured this configuration alone)",
+        ("epoch", "speed-up over fp32", "peak memory", "memory over fp32"),
+        lambda c: (_seconds(c["epoch_s"]), f"{c['speedup']:.2f}x", _memory(c["peak_memory_bytes"]),
+                   "-" if c["memory_vs_fp32"] is None else f"{c['memory_vs_fp32']:.2f}x")),
+    "autotuning": (
+        "cuDNN's autotuning (`torch.backends.cudnn.benchmark`, on in every `cifarkit train` on CUDA) on against off",
+        ("epoch, autotuning on", "epoch, off", "speed-up from autotuning"),
+        lambda c: (_seconds(c["epoch_s_on"]), _seconds(c["epoch_s_off"]), f"{c['speedup']:.2f}x")),
+}
+
+
+def comparison_tables(comparisons: dict) -> str:
+    """gpu_comparisons as markdown tables, each under a line that says what it compares; "" where there are none."""
+    blocks = []
+    for key, (title, columns, cells) in COMPARISON_TABLES.items():
+        if comparisons[key]:
+            blocks.append("\n".join([f"{title}:", "", "| device | model | mode | " + " | ".join(columns) + " |",
+                                     "|---|---|---|" + "---:|" * len(columns),
+                                     *(f"| {c['device']} | {c['model']} | {_mode(c)} | " + " | ".join(cells(c)) + " |"
+                                       for c in comparisons[key])]))
+    return "\n\n".join(blocks)
 
 
 def inference_throughput(classifiers: dict, pixels: np.ndarray, batch_sizes=(1, 256), rounds: int = 5,

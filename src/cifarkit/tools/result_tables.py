@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 
 from cifarkit.models.winograd import blocks as winograd_blocks
-from cifarkit.tools.benchmark import SPEED_ONLY, device_table
+from cifarkit.tools.benchmark import SPEED_ONLY, comparison_tables, device_table, gpu_comparisons
 from cifarkit.tools.reference import equal_accuracy_lines
 from cifarkit.tools.results import (
     cpu_kind_of,
@@ -284,12 +284,16 @@ def scaling_table(folder: Path) -> str:
 
 def devices_table(folder: Path) -> str:
     """results/bench-devices.json, written by `cifarkit bench --devices cpu cuda`: the CPU rows measured on this
-    project's machine, the CUDA rows on a GPU when one was lent (lab/device_check.sh)."""
+    project's machine, the CUDA rows on a GPU when one was lent (lab/device_check.sh); where a GPU was measured, its
+    rows again as three tables: against the CPU, fp32 against mixed precision, cuDNN's autotuning on against off."""
     result = json.loads((folder / "bench-devices.json").read_text())
     env = result["environment"]
     gpus = ", ".join(g["name"] for g in env["gpus"]) or "no GPU"
     lines = [f"{processor_of(env)} ({env['threads']} threads), {gpus}; torch {env['torch']} (`{result['command']}`).",
-             "", device_table(result), "", SPEED_ONLY_SENTENCE]
+             "", device_table(result)]
+    comparisons = comparison_tables(gpu_comparisons(result["rows"]))
+    lines += ["", comparisons] if comparisons else []
+    lines += ["", SPEED_ONLY_SENTENCE]
     if result["skipped"]:
         lines += ["", "Not measured: " + "; ".join(f"{what} ({why})" for what, why in result["skipped"].items()) + "."]
     lines += ["", "![training speed-up over the CPU in fp32, per model, device and mode](results/bench-devices.png)"]

@@ -140,11 +140,13 @@ def device_speedups(report: dict, path: Path) -> Figure:
     """Training speed-up over the CPU in fp32 of each model on each device and mode (`cifarkit bench --devices`),
     models side by side, on a log axis: a 40x GPU and a 2x bf16 CPU both stay readable."""
     names = list(dict.fromkeys(r["model"] for r in report["rows"]))
-    series = list(dict.fromkeys(f"{r['device']} {r['mode']}" for r in report["rows"]))
+    series: dict[str, dict] = {}  # label -> {model: row}; CUDA's rows with the autotuning off are a series apart
+    for r in report["rows"]:
+        off = ", cuDNN autotuning off" if r.get("cudnn_benchmark") is False else ""
+        series.setdefault(f"{r['device']} {r['mode']}{off}", {})[r["model"]] = r
     width = 0.8 / len(series)
     fig, ax = _subplots(figsize=(max(6.0, 1.4 * len(names) * len(series) ** 0.5), 4))
-    for i, label in enumerate(series):
-        rows = {r["model"]: r for r in report["rows"] if f"{r['device']} {r['mode']}" == label}
+    for i, (label, rows) in enumerate(series.items()):
         xs = [j + (i - (len(series) - 1) / 2) * width for j, name in enumerate(names) if name in rows]
         values = [rows[name]["speedup_vs_cpu_fp32"] for name in names if name in rows]
         bars = ax.bar(xs, values, width, label=label)
