@@ -20,6 +20,11 @@ RESAMPLES = 10_000  # bootstrap resamples of the rounds: the interval's ends mov
 TIMERS = {"whole_process": "wall_time_s", "training": "train_time_s"}
 
 
+def ratio_text(ratio: float, interval: list[float] | None) -> str:
+    """A speed ratio with its 95% interval where there is one, as the tables write it: 1.24x (1.20-1.25)."""
+    return f"{ratio:.2f}x" + (f" ({interval[0]:.2f}-{interval[1]:.2f})" if interval else "")
+
+
 def _means(rounds: list[dict], side: str) -> dict:
     runs = [r["runs"][side] for r in rounds]
     return {"accuracy": statistics.fmean(r["test_acc_6_views"] for r in runs),
@@ -59,8 +64,7 @@ def speedup(rounds: list[dict], budgets: dict[str, float], reference: str, resam
     """The reference's time over `fast`'s at the reference's mean accuracy (6 views on every side), each timer with
     its 95% bootstrap interval over the rounds. `budgets`: `fast`'s side of each budget in the rounds -> its epochs."""
     found = _speedups(rounds, budgets, reference)
-    result = {"reference_accuracy": statistics.fmean(r["runs"][reference]["test_acc_6_views"] for r in rounds),
-              "rounds": len(rounds), "budgets": budgets}
+    result = {"reference_accuracy": _means(rounds, reference)["accuracy"], "rounds": len(rounds), "budgets": budgets}
     if found is None:
         return {**result, "defined": False,
                 "why": "the mean accuracy does not grow with the epochs between the budgets: more rounds, or "

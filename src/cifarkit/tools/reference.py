@@ -386,10 +386,6 @@ def results(rounds: list[dict], settings: dict, environment: dict, command: str,
             "timers": TIMERS, **summary, "environment": environment, "settings": settings, "rounds": rounds}
 
 
-def _interval(low_high: list[float] | None) -> str:
-    return f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else ""
-
-
 def equal_accuracy_lines(result: dict) -> list[str]:
     """The speed-up at equal accuracy against each reference, and the times to a 94% mean, in words."""
     lines = []
@@ -400,7 +396,7 @@ def equal_accuracy_lines(result: dict) -> list[str]:
         if not figure["defined"]:
             lines.append(f"at {name}'s accuracy: no figure, {figure['why']}")
             continue
-        ratios = ", ".join(f"{figure[timer]['ratio']:.2f}x{_interval(figure[timer]['ci95'])} {words}"
+        ratios = ", ".join(f"{equal_accuracy.ratio_text(figure[timer]['ratio'], figure[timer]['ci95'])} {words}"
                            for timer, words in (("whole_process", "whole process"), ("training", "training")))
         undefined = (f"; {figure['undefined_resamples']:,} of {figure['resamples']:,} resamples had no figure"
                      if figure["undefined_resamples"] else "")
@@ -431,7 +427,7 @@ def table(result: dict) -> str:
         lines.append(f"| cifarkit {label} | {summary['accuracy']['n']} | {100 * summary['accuracy']['mean']:.2f}% | "
                      f"{six_views(summary)} | {summary['wall_time_s']:.1f} s | {summary['train_time_s']:.1f} s | | | |")
     for name, reference in result["references"].items():
-        cells = [f"{ratio['mean']:.2f}x{_interval(ratio['ci95'])}"
+        cells = [equal_accuracy.ratio_text(ratio["mean"], ratio["ci95"])
                  for ratio in (reference["speedup"]["whole_process"], reference["speedup"]["training"])]
         lines.append(f"| {name} | {reference['accuracy']['n']} | {100 * reference['accuracy']['mean']:.2f}% | "
                      f"{six_views(reference)} | {reference['wall_time_s']:.1f} s | {reference['train_time_s']:.1f} s "
@@ -446,13 +442,18 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+RECORD_6_VIEWS = f"{RECORD}-views"  # the record's 6-view evaluation, a process of its own after its timed run
+# (driver name, the reference it serves, its code) for the references that are the user's copies.
+DRIVERS = ((MUON, MUON, MUON_DRIVER), (RECORD, RECORD, RECORD_DRIVER), (RECORD_6_VIEWS, RECORD, RECORD_VIEWS))
+
+
 def _reference_drivers(scratch: Path, references: list[str]) -> dict[str, list[str]]:
     """Each reference's command line before its run's arguments: its python and its driver, written into `scratch`.
     A user copy's own arguments go after the run's (see PRELUDE)."""
     prelude = f"ALLOCATORS = {allocator.NAMES!r}\n" + PRELUDE
     drivers = {}
-    for name, driver in ((MUON, MUON_DRIVER), (RECORD, RECORD_DRIVER), (f"{RECORD}-views", RECORD_VIEWS)):
-        if name.split("-")[0] in references:
+    for name, reference, driver in DRIVERS:
+        if reference in references:
             (scratch / f"{name}.py").write_text(prelude + driver)
             drivers[name] = [sys.executable, str(scratch / f"{name}.py")]
     if AIRBENCH94 in references:
@@ -515,7 +516,7 @@ def compare(*, files: dict[str, Path], references: list[str], runs: int, first_s
             seconds, out = timed([*drivers[side], *arguments, *own, *weights_file], reference_env)
             row = {"seed": seed, "wall_time_s": seconds, **json.loads(out.strip().splitlines()[-1])}
             if side == RECORD:  # its 6 views, in a process of their own, after its timed one
-                _, out = timed([*drivers[f"{RECORD}-views"], *arguments, *own, *weights_file], reference_env)
+                _, out = timed([*drivers[RECORD_6_VIEWS], *arguments, *own, *weights_file], reference_env)
                 row.update(json.loads(out.strip().splitlines()[-1]))
             return row
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from cifarkit.models.winograd import blocks as winograd_blocks
 from cifarkit.tools.benchmark import SPEED_ONLY, comparison_tables, device_table, gpu_comparisons
+from cifarkit.tools.equal_accuracy import ratio_text
 from cifarkit.tools.reference import equal_accuracy_lines
 from cifarkit.tools.results import (
     cpu_kind_of,
@@ -328,7 +329,7 @@ def comparison_table(result: dict) -> str:
                 for label, side in [("", ours), *((f" `--set train.epochs={b['epochs']:g}`", b)
                                                   for b in result.get("brackets", {}).values())])]
     for name, side in result["references"].items():
-        ratios = [f"{r['mean']:.2f}x" + (f" ({r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})" if r["ci95"] else "")
+        ratios = [ratio_text(r["mean"], r["ci95"])
                   for r in (side["speedup"]["whole_process"], side["speedup"]["training"])]
         # A reference's own TTA is 6 views where it records no other figure (airbench94_muon, airbench94)
         six_views = side.get("accuracy_6_views", side["accuracy"])["mean"]
