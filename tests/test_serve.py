@@ -348,8 +348,8 @@ def test_an_onnxruntime_model_runs_on_the_model_thread_s_count_not_the_loader_s(
     and the loading thread gets its own count back."""
     made = []
 
-    def recording_session(model):
-        session = make_session(model)
+    def recording_session(model, device):
+        session = make_session(model, device)
         made.append(session.get_session_options().intra_op_num_threads)
         return session
 
