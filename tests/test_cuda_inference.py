@@ -9,6 +9,8 @@ from PIL import Image
 from cifarkit.cli import main
 from cifarkit.core.errors import CifarkitError
 from cifarkit.inference import runtime
+from cifarkit.serving import pipeline
+from cifarkit.serving.settings import ServeSettings
 
 pytestmark = pytest.mark.unit
 
@@ -75,4 +77,21 @@ def test_predict_on_a_device_that_is_not_here_is_a_one_line_error(tmp_path, caps
     assert capsys.readouterr().err.strip() == f"cifarkit: error: {NO_CUDA}"
     assert main(["predict", "--model", "B", "--device", "cpu", "--backend", "torch-fp16", str(image)]) == 2
     assert "backend torch-fp16 runs on a GPU only" in capsys.readouterr().err
+
+
+@needs_no_cuda
+def test_the_server_loads_on_its_device_and_says_which(monkeypatch):
+    asked, load = [], pipeline.Classifier.load
+
+    def recording(path, **options):
+        asked.append(options["device"])
+        return load(path, **options)
+
+    monkeypatch.setattr(pipeline.Classifier, "load", recording)
+    served = pipeline.load_models(["B"], ServeSettings(device="cpu", backend="torch-fp32"))
+    assert asked == ["cpu"]
+    assert served["B"].classifier.device == torch.device("cpu")
+    assert served["B"].describe()["device"] == "cpu" and served["B"].describe()["onnx_provider"] is None
+    with pytest.raises(CifarkitError, match=NO_CUDA):
+        pipeline.load_models(["B"], ServeSettings(device="cuda"))
 

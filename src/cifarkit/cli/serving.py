@@ -16,7 +16,7 @@ DEVICE_HELP = "auto: CUDA, then MPS, then the CPU (default: auto)"
 
 # `cifarkit serve` options that set a ServeSettings field; tests/test_serve.py checks the defaults their help states.
 SERVE_SETTINGS = ("max_batch", "max_wait_ms", "max_queue", "timeout_s", "read_timeout_s", "max_body_mb", "threads",
-                  "backend")
+                  "backend", "device")
 # `cifarkit bench-serve` options that set a BenchSettings field; tests/test_bench_serve.py checks their help's defaults.
 BENCH_SETTINGS = ("model", "requests", "concurrency", "warmup", "max_batch", "backend", "serve_args", "overload_queue",
                   "soak_s")
@@ -115,6 +115,7 @@ def register(sub) -> None:
     p.add_argument("--threads", type=bounded(1),
                    help="intra-op threads of the model thread, torch's or onnxruntime's (default: one per core, "
                         "but one on CPUs with AMX, where the event loop and the image decoding need a core)")
+    p.add_argument("--device", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--backend", choices=BACKEND_CHOICES,
                    help="auto: per release, the fastest on this device of those that meet its accuracy rule "
                         "(docs/releases.md) (default: auto)")
