@@ -1,9 +1,10 @@
-"""Models as ONNX Runtime and exported artifacts run them: serialization and sessions."""
+"""Models as ONNX Runtime, TensorRT and exported artifacts run them: serialization, sessions and engines."""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from cifarkit.artifacts import preprocess
@@ -25,17 +26,19 @@ GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 TENSORRT_OPT_BATCH = 64
 
 
-def example_input() -> tuple[torch.Tensor]:
-    return (torch.zeros(2, 3, preprocess.SIZE, preprocess.SIZE),)
+def example_input(batch: int = 2) -> tuple[torch.Tensor]:
+    return (torch.zeros(batch, 3, preprocess.SIZE, preprocess.SIZE),)
 
 
-def onnx_bytes(model: torch.nn.Module) -> bytes:
-    """The serialized ONNX model: a dynamic batch dimension, input 'image' (N x 3 x 32 x 32 float32), output
-    'logits'. The same bytes as the saved file, and the same for the same weights every time."""
+def onnx_bytes(model: torch.nn.Module, batch: int | None = None) -> bytes:
+    """The serialized ONNX model: input 'image' (N x 3 x 32 x 32 float32), output 'logits', with a dynamic batch
+    dimension, or N fixed at `batch`. The same bytes as the saved file, and the same for the same weights every
+    time."""
     for name in ("onnxscript", "onnx_ir"):  # their graph passes log every rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
-    program = torch.onnx.export(model, example_input(), input_names=["image"], output_names=["logits"],
-                                dynamic_shapes=DYNAMIC_BATCH, opset_version=ONNX_OPSET, dynamo=True, verbose=False)
+    program = torch.onnx.export(model, example_input(batch or 2), input_names=["image"], output_names=["logits"],
+                                dynamic_shapes=None if batch else DYNAMIC_BATCH, opset_version=ONNX_OPSET,
+                                dynamo=True, verbose=False)
     return program.model_proto.SerializeToString()
 
 
@@ -99,6 +102,46 @@ def run_artifact(fmt: str, path: Path | bytes, device: torch.device = CPU):
     if fmt == "onnx":
         session = onnx_session(path, device)
         return lambda x: session.run(None, {"image": x})[0]
+    if fmt == "tensorrt":
+        return run_engine(Path(path).read_bytes(), device)
     module = torch.export.load(str(path)).module() if fmt == "exported" else torch.jit.load(str(path))
     return lambda x: module(torch.from_numpy(x)).detach().numpy()
 
+
+def tensorrt():
+    """NVIDIA's TensorRT for Python, imported only where an engine is built or run: it is a GPU-only package."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise CifarkitError("TensorRT engines need NVIDIA's TensorRT for Python: pip install tensorrt (on a machine "
+                            "with a CUDA GPU)") from None
+    return trt
+
+
+def run_engine(engine: bytes, device: torch.device):
+    """A function N x 3 x 32 x 32 float32 numpy -> N x 10 logits numpy, running a serialized fixed-batch TensorRT
+    engine on `device` (a GPU of the kind that built it), chunk by chunk of its batch, the last chunk padded."""
+    trt = tensorrt()
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(engine)
+    if engine is None:
+        raise CifarkitError("TensorRT cannot load this engine here (see its messages above): an engine runs only with "
+                            "the TensorRT version and the kind of GPU that built it; build it again on this machine")
+    context = engine.create_execution_context()
+    inputs = torch.zeros(tuple(engine.get_tensor_shape("image")), device=device)
+    outputs = torch.zeros(tuple(engine.get_tensor_shape("logits")), device=device)
+    context.set_tensor_address("image", inputs.data_ptr())
+    context.set_tensor_address("logits", outputs.data_ptr())
+    batch, stream = len(inputs), torch.cuda.current_stream(device)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        chunks = []
+        for start in range(0, len(x), batch):
+            chunk = torch.from_numpy(x[start:start + batch])
+            inputs[:len(chunk)] = chunk  # the rows past it keep the previous chunk's images; their logits are dropped
+            # One stream: the copy in, the engine and the copy out run in that order.
+            if not context.execute_async_v3(stream.cuda_stream):
+                raise CifarkitError("the TensorRT engine failed to run (see its messages above)")
+            chunks.append(outputs[:len(chunk)].to("cpu", copy=True).numpy())  # a copy: the buffer is the next chunk's
+        return np.concatenate(chunks)
+
+    return run
