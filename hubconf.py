@@ -22,22 +22,25 @@ from cifarkit.core.errors import CifarkitError as _CifarkitError  # noqa: E402
 from cifarkit.inference.classifier import Classifier as _Classifier  # noqa: E402
 
 
-def version_a(backend: str = "auto"):
+def version_a(backend: str = "auto", device: str = "auto"):
     """Release A, shipped with the package, as a `cifarkit.Classifier`: `predict(image)` takes an HxWx3 uint8 picture
-    and returns a class index. backend: auto (the release's measured default), torch-fp32, torch-bf16, onnxruntime."""
-    return _Classifier.pretrained("A", backend=backend)
+    and returns a class index. backend: auto (the fastest of those that meet the release's accuracy rule on this
+    device), torch-fp32, torch-bf16, torch-fp16 (GPUs only), onnxruntime. device: auto (CUDA, then MPS, then the
+    CPU), cuda, mps, cpu."""
+    return _Classifier.pretrained("A", backend=backend, device=device)
 
 
-def version_b(backend: str = "auto"):
+def version_b(backend: str = "auto", device: str = "auto"):
     """Release B, shipped with the package, as a `cifarkit.Classifier` (see version_a)."""
-    return _Classifier.pretrained("B", backend=backend)
+    return _Classifier.pretrained("B", backend=backend, device=device)
 
 
 def _architecture(name: str):
     def entry(release: str | None = None):
         if release is None:
             return _models.create(name)
-        classifier = _Classifier.load(release, backend="torch-fp32")  # checks the weights' sha256 first
+        # On the CPU, as torch.hub's modules come: the caller moves it. Loading checks the weights' sha256 first.
+        classifier = _Classifier.load(release, backend="torch-fp32", device="cpu")
         held = classifier.info.get("model")  # what the release's metrics.json says it holds
         if held is None:
             raise _CifarkitError(f"{release} is not a release (it has no metrics.json); give a version name or a "

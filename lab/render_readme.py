@@ -136,6 +136,8 @@ def inference_block() -> str:
         m = json.loads(path.read_text())
         inference = m["inference"]
         for kind, table in sorted(backends.speed_tables(inference).items()):
+            if kind not in backends.CPU_KINDS:  # a GPU's auto turns on its own bf16, which no page can know
+                continue
             picked = backends.choose(m, features=list(backends.CPU_KINDS[backends.CPU_KINDS.index(kind):])).backend
             figures, where = backends.accuracy_figures(inference, kind)
             accuracy, agreement = figures.get("test_acc_by_backend", {}), figures["top1_agreement_with_fp32"]

@@ -1,6 +1,7 @@
-"""`auto` is decided on the machine that runs, from the release's recorded figures and the CPU's features, faked
-here as each CPU kind's; and a shipped release loads through the choice for this machine."""
+"""`auto` is decided on the machine that runs, from the release's recorded figures and the device's features, faked
+here as each CPU kind's or a CUDA GPU's; and a shipped release loads through the choice for this machine."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from cifarkit import Classifier
 from cifarkit.artifacts.releases import SHIPPED
 from cifarkit.core import device
+from cifarkit.core.errors import CifarkitError
 from cifarkit.inference import backends
 
 pytestmark = pytest.mark.unit
@@ -118,12 +120,63 @@ def test_a_shipped_release_loads_through_this_machine_s_choice(version):
         assert classifier.backend != "torch-bf16"
 
 
-@pytest.mark.parametrize("device_type, native, expected", [("cuda", True, "torch-bf16"), ("cuda", False, "torch-fp32"),
-                                                           ("mps", True, "torch-fp32")])
-def test_on_a_gpu_bf16_needs_native_support(monkeypatch, device_type, native, expected):
-    """torch.cuda's bf16 probe faked: CI has no GPU."""
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: native)
-    assert backends.choose(release(), device_type).backend == expected
+@pytest.fixture
+def cuda_capability(monkeypatch):
+    """A CUDA GPU of the compute capability given, faked for core.device.cuda_has_bf16: CI has no GPU."""
+    def fake(major: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(major=major))
+    return fake
+
+
+def measured_on_cuda(fp16_agreement=0.999, speeds=None) -> dict:
+    """A release whose figures on a CPU admit bf16, with figures measured on a CUDA GPU too."""
+    measured = release(speeds={"amx": {"torch-fp32": 1000, "torch-bf16": 4500, "onnxruntime": 1040}})
+    measured["inference"]["accuracy_by_cpu_kind"] = {"cuda": {
+        "test_acc_by_backend": {"torch-fp32": 0.94, "torch-bf16": 0.9396, "torch-fp16": 0.9401},
+        "top1_agreement_with_fp32": {"torch-fp32": 1.0, "torch-bf16": 0.998, "torch-fp16": fp16_agreement}}}
+    if speeds:
+        measured["inference"]["speed_by_cpu_kind"]["cuda"] = {"throughput": rows(speeds)}
+    return measured
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "mps"])
+def test_on_a_gpu_figures_measured_on_a_cpu_admit_fp32_alone_and_the_reason_says_so(cuda_capability, device_type):
+    cuda_capability(9)
+    choice = backends.choose(release(), device_type)
+    assert (choice.backend, choice.cpu_kind) == ("torch-fp32", device_type)
+    assert f"none on {device_type}" in choice.reason
+    assert f"lab/measure_release_backends.py --device {device_type}" in choice.reason
+
+
+@pytest.mark.parametrize("major, speeds, expected", [
+    (8, None, "torch-fp16"),  # no speed measured on cuda: fp16 first
+    (8, {"torch-fp32": 9000, "torch-bf16": 30000, "torch-fp16": 28000}, "torch-bf16"),  # the fastest admitted
+    (7, {"torch-fp32": 9000, "torch-bf16": 30000, "torch-fp16": 28000}, "torch-fp16"),  # bf16 emulated before Ampere
+])
+def test_figures_measured_on_cuda_admit_fp16_and_native_bf16(cuda_capability, major, speeds, expected):
+    cuda_capability(major)
+    choice = backends.choose(measured_on_cuda(speeds=speeds), "cuda")
+    assert choice.backend == expected and choice.reason.endswith("accuracy rule on the figures measured on cuda")
+    assert ("no native bf16" in choice.reason) == (major < 8)
+
+
+def test_on_cuda_fp16_outside_the_accuracy_rule_is_refused_and_onnxruntime_is_never_auto(cuda_capability):
+    cuda_capability(7)
+    speeds = {"torch-fp32": 9000, "torch-fp16": 28000, "onnxruntime": 50000}
+    choice = backends.choose(measured_on_cuda(fp16_agreement=0.99, speeds=speeds), "cuda")
+    assert choice.backend == "torch-fp32"
+    assert "not torch-fp16: it agrees with fp32 on 99.00%" in choice.reason
+
+
+def test_fp16_is_a_gpu_backend_a_cpu_neither_chooses_nor_runs():
+    measured = measured_on_cuda()
+    measured["inference"]["accuracy_by_cpu_kind"]["amx"] = measured["inference"]["accuracy_by_cpu_kind"]["cuda"]
+    measured["inference"]["speed_by_cpu_kind"]["amx"] = {"throughput": rows({"torch-fp16": 9e9, "torch-fp32": 1})}
+    assert backends.choose(measured, features=AMX).backend == "torch-fp32"
+    with pytest.raises(CifarkitError, match="backend torch-fp16 runs on a GPU only"):
+        Classifier.load("B", backend="torch-fp16", device="cpu")
 
 
 @pytest.mark.parametrize("cap, features", [(None, AMX), ("AVX512_CORE_AMX", AMX), ("avx512_core_bf16", ZEN5),

@@ -32,9 +32,12 @@ def test_the_entry_points_are_the_releases_and_every_architecture():
 
 def test_a_release_entry_point_is_the_shipped_classifier():
     pixels = cifar10.load_cache(FIXTURE).test_x[:64].permute(0, 2, 3, 1).numpy()
-    loaded = hub("version_b")
-    assert isinstance(loaded, Classifier) and loaded.info["release"] == "B"
+    loaded = hub("version_b", device="cpu")
+    assert isinstance(loaded, Classifier) and loaded.info["release"] == "B" and loaded.device == torch.device("cpu")
     assert loaded.predict_batch(pixels) == Classifier.pretrained("B").predict_batch(pixels)
+    if not torch.cuda.is_available():
+        with pytest.raises(CifarkitError, match="device .cuda. is not available here"):
+            hub("version_b", device="cuda")
 
 
 @pytest.mark.unit

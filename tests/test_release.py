@@ -6,8 +6,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import yaml
@@ -21,6 +23,7 @@ from cifarkit.inference import backends
 from cifarkit.inference.backends import BACKENDS
 from cifarkit.inference.classifier import Classifier
 from cifarkit.release import build, export
+from fake_tensorrt import FakeTensorRT
 
 
 def test_release_folder_holds_what_a_user_needs(released):
@@ -236,6 +239,58 @@ def test_export_that_fails_parity_writes_nothing(released, cifar_home, tmp_path,
     assert main(["export", str(target), "--format", "torchscript", "--out", str(tmp_path / "new" / "nested")]) == 2
     assert "failed its parity check" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+@pytest.fixture
+def fake_gpu_with_tensorrt(monkeypatch):
+    """A fake `tensorrt` (tests/fake_tensorrt.py: no GPU here, nor TensorRT), whose engine runs on the CPU: the
+    export's GPU is the CPU, where the fake reads and writes the buffers it is given."""
+    fake = FakeTensorRT()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(export, "_gpu", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=0))
+    return fake
+
+
+def test_a_tensorrt_export_is_a_strongly_typed_fp16_engine_checked_like_the_others(released, cifar_home, tmp_path,
+                                                                                   fake_gpu_with_tensorrt, capsys):
+    target = tmp_path / "version_T"
+    shutil.copytree(released, target)
+    assert main(["export", str(target), "--format", "tensorrt"]) == 0
+    assert "an fp16 engine for the Fake GPU, TensorRT 10.0.0 (fake)" in capsys.readouterr().out
+    report = json.loads((target / "metrics.json").read_text())["exports"]["tensorrt"]
+    assert report["file"] == "model.plan" and report["batch_size"] == export.TENSORRT_BATCH == 256
+    assert report["gpu"] == "Fake GPU" and report["precision"] == "fp16"
+    assert 0 < report["max_abs_logit_diff"] <= report["limits"]["max_abs_logit_diff"]
+    rule = backends.ACCURACY_RULE["min_top1_agreement"]  # the agreement that admits a half-precision backend
+    assert report["top1_agreement"] >= report["limits"]["top1_agreement"] == rule
+    calls = fake_gpu_with_tensorrt.calls
+    assert ("create_network", 1 << 5) in calls  # strongly typed: the engine computes in the graph's own types
+    (built,) = [model for name, model in calls if name == "build"]
+    graph = onnx.load_from_string(built).graph  # weights in fp16, fp32 in and out, batch 256
+    weights = {t.data_type for t in graph.initializer} - {onnx.TensorProto.INT64}  # less the shapes' constants
+    assert weights == {onnx.TensorProto.FLOAT16}
+    for tensor, shape in ((graph.input[0], [256, 3, 32, 32]), (graph.output[0], [256, 10])):
+        assert tensor.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        assert [d.dim_value for d in tensor.type.tensor_type.shape.dim] == shape
+    assert [size for name, size in calls if name == "execute"] == [256, 256]  # 500 images: the second batch padded
+    assert main(["release", "--check", str(target)]) == 0
+
+
+def test_a_tensorrt_export_needs_a_gpu_and_tensorrt_and_says_so_before_any_work(released, cifar_home, monkeypatch,
+                                                                                capsys):
+    before = sorted(p.name for p in released.iterdir())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["export", str(released), "--format", "tensorrt"]) == 2
+    assert "torch sees no CUDA GPU here; export it on that machine" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU, faked, and no TensorRT
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # what an import of a package that is not installed meets
+    assert main(["export", str(released), "--format", "tensorrt"]) == 2
+    assert capsys.readouterr().err.strip().endswith("pip install tensorrt (on a machine with a CUDA GPU)")
+    assert sorted(p.name for p in released.iterdir()) == before
 
 
 def test_onnx_backend_agrees_with_fp32(released, cifar_home, tmp_path):

@@ -191,6 +191,7 @@ def test_models_health_docs_and_metrics(server, expected):
         choice = expected[model["name"]][2].backend_choice
         assert (model["backend"], model["backend_reason"], model["cpu_kind"]) == (choice.backend, choice.reason,
                                                                                 choice.cpu_kind)
+        assert model["device"] == str(expected[model["name"]][2].device)  # the same default device: auto
         measured = backends.speed_tables(expected[model["name"]][2].info["inference"]).get(choice.cpu_kind)
         assert (model["images_per_s"] or {}).get("batch_1", 0) > 0 if measured else model["images_per_s"] is None
 
@@ -348,8 +349,8 @@ def test_an_onnxruntime_model_runs_on_the_model_thread_s_count_not_the_loader_s(
     and the loading thread gets its own count back."""
     made = []
 
-    def recording_session(model):
-        session = make_session(model)
+    def recording_session(model, device):
+        session = make_session(model, device)
         made.append(session.get_session_options().intra_op_num_threads)
         return session
 

@@ -71,7 +71,9 @@ def cmd_export(args) -> None:
     report = export(args.release, args.format, args.out)
     print(f"wrote {report['path']} ({report['size_bytes'] / 1e6:.1f} MB); parity on {report['images']} real test "
           f"images: max abs logit difference {report['max_abs_logit_diff']:.2e}, top-1 agreement "
-          f"{100 * report['top1_agreement']:.2f}%")
+          f"{100 * report['top1_agreement']:.2f}%"
+          + (f"; an {report['precision']} engine for the {report['gpu']}, TensorRT {report['tensorrt']}"
+             if "gpu" in report else ""))
 
 
 def register(sub) -> None:
@@ -98,11 +100,13 @@ def register(sub) -> None:
                                           "releases, as names resolve)")
     p.add_argument("--figure", help="chart to write, .png/.jpg/.pdf/.svg (default: comparison.png in ROOT, or here)")
     p.set_defaults(func=cmd_compare)
-    p = command(sub, "export", "write ONNX / torch.export / TorchScript of a release, checked for parity")
+    p = command(sub, "export", "write ONNX / torch.export / TorchScript / TensorRT of a release, checked for parity")
     p.add_argument("release", help="version name or release folder")
     p.add_argument("--out", type=Path, help="write the artifact and its record (ARTIFACT.json) into this folder and "
                                             "leave the release as it is (default: into the release, recorded in its "
                                             "metrics.json; a shipped release's into the current folder)")
-    p.add_argument("--format", required=True, choices=("onnx", "exported", "torchscript"),
-                   help="onnx: model.onnx; exported: torch.export's model.pt2; torchscript: model.torchscript.pt")
+    p.add_argument("--format", required=True, choices=("onnx", "exported", "torchscript", "tensorrt"),
+                   help="onnx: model.onnx; exported: torch.export's model.pt2; torchscript: model.torchscript.pt; "
+                        "tensorrt: model.plan, an fp16 TensorRT engine of batch 256 for this machine's kind of GPU "
+                        "(needs a CUDA GPU and `pip install tensorrt`)")
     p.set_defaults(func=cmd_export)

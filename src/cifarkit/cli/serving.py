@@ -6,14 +6,17 @@ import json
 import sys
 from pathlib import Path
 
-from cifarkit.cli.common import bounded, command, command_line
+from cifarkit.cli.common import DEVICES, bounded, command, command_line
 from cifarkit.core.errors import CifarkitError
 
-BACKEND_CHOICES = ("auto", "torch-fp32", "torch-bf16", "onnxruntime")
+BACKEND_CHOICES = ("auto", "torch-fp32", "torch-bf16", "torch-fp16", "onnxruntime")
+# auto: CUDA, then MPS, then the CPU, as `cifarkit train` and `eval` pick it. A machine without a GPU sees no change;
+# one with a GPU uses it, with fp32 unless the release holds accuracy figures measured on that kind of GPU.
+DEVICE_HELP = "auto: CUDA, then MPS, then the CPU (default: auto)"
 
 # `cifarkit serve` options that set a ServeSettings field; tests/test_serve.py checks the defaults their help states.
 SERVE_SETTINGS = ("max_batch", "max_wait_ms", "max_queue", "timeout_s", "read_timeout_s", "max_body_mb", "threads",
-                  "backend")
+                  "backend", "device")
 # `cifarkit bench-serve` options that set a BenchSettings field; tests/test_bench_serve.py checks their help's defaults.
 BENCH_SETTINGS = ("model", "requests", "concurrency", "warmup", "max_batch", "backend", "serve_args", "overload_queue",
                   "soak_s")
@@ -22,7 +25,7 @@ BENCH_OUT, BENCH_URL_OUT = "results/serve-bench.json", "results/serve-url-bench.
 
 def cmd_predict(args) -> None:
     from cifarkit.inference.classifier import Classifier
-    classifier = Classifier.load(args.model, backend=args.backend, verify=not args.no_verify)
+    classifier = Classifier.load(args.model, backend=args.backend, device=args.device, verify=not args.no_verify)
     results, failed = [], 0
     for path in args.images:
         try:
@@ -82,8 +85,9 @@ def register(sub) -> None:
     p.add_argument("--topk", type=bounded(1, 10, why="CIFAR-10 has 10 classes"), default=1, metavar="K",
                    help="show the K most likely classes per image (default: 1)")
     p.add_argument("--json", action="store_true", help="one JSON list with an object per image")
+    p.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--backend", default="auto", choices=BACKEND_CHOICES,
-                   help="auto: the fastest on this CPU's kind of those that meet the release's accuracy rule "
+                   help="auto: the fastest on this device of those that meet the release's accuracy rule "
                         "(docs/releases.md) (default: auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="use the release's weights (and model.onnx) even if they differ from what metrics.json records")
@@ -111,8 +115,9 @@ def register(sub) -> None:
     p.add_argument("--threads", type=bounded(1),
                    help="intra-op threads of the model thread, torch's or onnxruntime's (default: one per core, "
                         "but one on CPUs with AMX, where the event loop and the image decoding need a core)")
+    p.add_argument("--device", choices=DEVICES, help=DEVICE_HELP)
     p.add_argument("--backend", choices=BACKEND_CHOICES,
-                   help="auto: per release, the fastest on this CPU's kind of those that meet its accuracy rule "
+                   help="auto: per release, the fastest on this device of those that meet its accuracy rule "
                         "(docs/releases.md) (default: auto)")
     p.add_argument("--no-verify", action="store_true",
                    help="serve weights even if they differ from what their metrics.json records")

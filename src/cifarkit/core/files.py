@@ -23,7 +23,7 @@ FOLDER_MODE = 0o755
 
 
 def home() -> Path:
-    """cifarkit's cache folder: the imported data set and exported ONNX models."""
+    """cifarkit's cache folder: the imported data set, exported ONNX models and the TensorRT provider's engines."""
     return Path(os.environ.get("CIFARKIT_HOME", Path.home() / ".cache" / "cifarkit")).expanduser()
 
 

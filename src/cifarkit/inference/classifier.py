@@ -5,10 +5,13 @@
     clf.predict("cat.jpg")                 # 3
     clf.predict_label("cat.jpg")           # 'cat'
 
-Three backends compute the logits: PyTorch eager in fp32, PyTorch with bf16 autocast (AMX/AVX512-BF16 CPUs),
-and ONNX Runtime on the release's exported model.onnx (or one exported into the cache on first use).
-`backend="auto"` is decided on the machine that runs, from the release's recorded accuracies and speeds and this
-CPU's features (`cifarkit.inference.backends.choose`); `Classifier.backend_choice` says which backend and why.
+Four backends compute the logits: PyTorch in fp32, PyTorch with bf16 autocast (AMX/AVX512-BF16 CPUs, CUDA GPUs of
+compute capability 8.0 or later), PyTorch with fp16 autocast (GPUs only), and ONNX Runtime on the release's exported
+model.onnx (or one exported into the cache on first use), through its CUDA or TensorRT provider on a CUDA device.
+`device="auto"` (the default) is CUDA, then Apple MPS, then the CPU, as `cifarkit train` picks it: on a machine
+without a GPU that is the CPU, as before there was a choice. `backend="auto"` is decided on the machine that runs,
+from the release's recorded accuracies and speeds and the device's features (`cifarkit.inference.backends.choose`);
+`Classifier.backend_choice` says which backend and why.
 
 A release is used only as it was written: its weights, and its model.onnx, must have the sha256s its metrics.json
 records, or loading stops with the file and both hashes named (verify=False, or `predict --no-verify`, skips that).
@@ -46,56 +49,62 @@ from cifarkit.core.constants import CLASSES
 from cifarkit.core.device import PRECISIONS, autocast, pick_device
 from cifarkit.core.errors import CifarkitError, describe_os_error
 from cifarkit.core.files import file_digest, home, write_bytes
-from cifarkit.inference import backends
-from cifarkit.inference.backends import BACKENDS
-from cifarkit.inference.runtime import onnx_bytes, run_artifact
+from cifarkit.inference import backends, runtime
+from cifarkit.inference.backends import GPU_BACKENDS
 
 log = logging.getLogger(__name__)
 
 class Classifier:
-    def __init__(self, model: torch.nn.Module, mean, std, backend: str = "torch-fp32", device: str = "cpu",
+    def __init__(self, model: torch.nn.Module, mean, std, backend: str = "torch-fp32", device: str = "auto",
                  onnx: Path | bytes | None = None, info: dict | None = None, traced: bool = False):
-        """`onnx`: the ONNX model the onnxruntime backend runs, as a file or as the serialized model itself.
-        `traced`: a torch backend runs the model as a traced graph (see `_traced`): the same logits, bit for bit."""
-        if backend not in BACKENDS:
-            raise CifarkitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        """`device`: auto (CUDA, then MPS, then the CPU), cuda, mps or cpu. `onnx`: the ONNX model the onnxruntime
+        backend runs, as a file or as the serialized model itself. `traced`: a torch backend runs the model as a
+        traced graph (see `_traced`): the same logits, bit for bit."""
+        if backend not in GPU_BACKENDS:
+            raise CifarkitError(f"unknown backend {backend!r}; choose from {', '.join(GPU_BACKENDS)}")
         self.device = pick_device(device)
+        if problem := backends.unavailable(backend, self.device.type):
+            raise CifarkitError(problem)
         self.model = model.eval().to(self.device).to(memory_format=torch.channels_last)
         self.mean, self.std, self.backend, self.info = tuple(mean), tuple(std), backend, info or {}
         self.weights_sha256 = self.info.get("weights_sha256")  # `load` sets it for weights without a metrics.json
-        self.backend_choice = backends.Choice(backend, "asked for", backends.cpu_kind())  # `load` sets auto's
+        # `load` sets auto's choice
+        self.backend_choice = backends.Choice(backend, "asked for", backends.device_kind(self.device.type))
         self.classes = CLASSES
-        self._run_onnx = None
+        self._session = None
+        self.provider = None  # the onnxruntime backend's execution provider, the one that runs it
         if backend == "onnxruntime":
             if onnx is None or (isinstance(onnx, Path) and not onnx.exists()):
                 raise CifarkitError(f"backend onnxruntime needs {onnx or ONNX_NAME}; write it with "
                                     f"`cifarkit export RELEASE --format onnx` or choose another backend")
-            self._run_onnx = run_artifact("onnx", onnx)
-        self._precision = PRECISIONS["bf16" if backend == "torch-bf16" else "fp32"]
+            self._session = runtime.onnx_session(onnx, self.device)
+            self.provider = self._session.get_providers()[0]
+        self._precision = PRECISIONS[backends.PRECISION.get(backend, "fp32")]
         if self._precision.autocast_dtype is not None:
-            # Autocast casts every fp32 weight to bf16 again on every forward pass (it caches the casts only of
-            # weights that require grad): cast the layers it would cast, once. Autocast then meets the same bf16
+            # Autocast casts every fp32 weight to bf16 (or fp16) again on every forward pass (it caches the casts only
+            # of weights that require grad): cast the layers it would cast, once. Autocast then meets the same
             # weights it would have made, so the logits are the same bit for bit (tests/test_inference.py), and
-            # sooner (docs/serving.md). On a copy: the caller's model keeps its fp32 weights (`cifarkit release`
-            # measures every backend on one).
+            # sooner (docs/serving.md). BatchNorm keeps fp32 weights, as autocast keeps them. On a copy: the
+            # caller's model keeps its fp32 weights (`cifarkit release` measures every backend on one).
             self.model = copy.deepcopy(self.model)
             for module in self.model.modules():
                 if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
                     module.to(self._precision.autocast_dtype)
-        self.traced = traced and self._run_onnx is None
+        self.traced = traced and self._session is None
         if self.traced:
             self.model = _traced(_Standardized(self.model, self.mean, self.std), self.device, self._precision)
 
     @classmethod
-    def load(cls, path: str | Path, backend: str = "auto", device: str = "cpu", verify: bool = True,
+    def load(cls, path: str | Path, backend: str = "auto", device: str = "auto", verify: bool = True,
              traced: bool = False) -> "Classifier":
         """A version name ("A", or "C" for ./cifar10_models/version_C), a release folder, a run folder or a
         .safetensors file written by cifarkit (see `release_dir`).
 
         A release's weights, and the model.onnx it may hold, are used only if their sha256s are the ones its
         metrics.json records (checked before anything is loaded); verify=False skips that check. Weights without a
-        metrics.json load unverified, with a warning, and `auto` means torch-fp32 for them. `auto` is decided for
-        this machine (see `cifarkit.inference.backends`), and logged with its reason.
+        metrics.json load unverified, with a warning, and `auto` means torch-fp32 for them. `device` auto is CUDA,
+        then MPS, then the CPU (`device="cpu"` keeps a process off its GPU). `auto` is decided for that device on this
+        machine (see `cifarkit.inference.backends`), and logged with its reason.
         """
         path = release_dir(path)
         folder, weights = (path, path / WEIGHTS_NAME) if path.is_dir() else (path.parent, path)
@@ -109,9 +118,10 @@ class Classifier:
         info = info or {}
         choice = None
         if backend == "auto":
-            choice = backends.choose(info, pick_device(device).type)
+            where = pick_device(device)
+            choice = backends.choose(info, where.type)
             backend = choice.backend
-            log.info("backend auto: %s for %s (%s)", backend, folder.name, choice.reason)
+            log.info("backend auto on %s: %s for %s (%s)", where, backend, folder.name, choice.reason)
         onnx = None
         if backend == "onnxruntime":
             onnx = _release_onnx(folder, info, sha, verify) or _cached_onnx(model, sha)
@@ -122,12 +132,13 @@ class Classifier:
         return classifier
 
     @classmethod
-    def pretrained(cls, version: str = DEFAULT_VERSION, backend: str = "auto", verify: bool = True) -> "Classifier":
-        """A release shipped inside the package (no download): version A by default."""
+    def pretrained(cls, version: str = DEFAULT_VERSION, backend: str = "auto", verify: bool = True,
+                   device: str = "auto") -> "Classifier":
+        """A release shipped inside the package (no download): version A by default, on `device` as `load` takes it."""
         folder = SHIPPED / f"version_{version}"
         if not folder.is_dir():
             raise CifarkitError(f"no shipped release {version!r}; shipped: {', '.join(versions(SHIPPED)) or 'none'}")
-        return cls.load(folder, backend=backend, verify=verify)
+        return cls.load(folder, backend=backend, device=device, verify=verify)
 
     def logits(self, pixels: np.ndarray) -> torch.Tensor:
         """N x 32 x 32 x 3 uint8 -> N x 10 float32 logits on the CPU."""
@@ -137,8 +148,8 @@ class Classifier:
                 logits = self.model(x if self.device.type == "cpu" else x.to(self.device))
             return logits if self.device.type == "cpu" else logits.cpu()
         inputs = preprocess.normalize(pixels, self.mean, self.std)
-        if self._run_onnx is not None:
-            return torch.from_numpy(self._run_onnx(inputs)).float()
+        if self._session is not None:
+            return torch.from_numpy(self._session.run(None, {"image": inputs})[0]).float()
         x = torch.from_numpy(inputs).to(self.device).contiguous(memory_format=torch.channels_last)
         with torch.inference_mode(), autocast(self.device, self._precision):
             return self.model(x).float().cpu()
@@ -203,7 +214,9 @@ def _traced(model: torch.nn.Module, device: torch.device, precision) -> torch.ji
     the GIL: eager mode takes it back after every layer, and waits for it whenever another Python thread is busy,
     as a server's event loop is (results/gil-stall.json). TorchScript is deprecated in favour of torch.export with
     AOTInductor, whose C++ compilation delays a server's start and whose frozen graph changed the logits in their
-    last bits (docs/serving.md)."""
+    last bits (docs/serving.md). On a GPU too: the traced graph runs cuDNN's convolutions, as eager mode does, with
+    nothing to compile, while torch.compile would compile each batch shape the server pads to before it could
+    answer, for a gain nothing here has measured."""
     sample = torch.zeros(2, preprocess.SIZE, preprocess.SIZE, 3, dtype=torch.uint8, device=device)
     with warnings.catch_warnings(), torch.inference_mode(), autocast(device, precision, cache=False):
         warnings.filterwarnings("ignore", "`torch.jit.trace", FutureWarning)
@@ -238,7 +251,7 @@ def _cached_onnx(model: torch.nn.Module, weights_sha: str) -> Path | bytes:
         with suppress(OSError):
             path.unlink()
     log.info("exporting the ONNX model once into the cache %s (later loads reuse it)...", folder)
-    serialized = onnx_bytes(model)
+    serialized = runtime.onnx_bytes(model)
     path = folder / f"{key}.{hashlib.sha256(serialized).hexdigest()[:16]}.onnx"
     try:
         write_bytes(path, serialized)
@@ -254,7 +267,7 @@ class CIFAR10Classifier(Classifier):
     taken from the shipped releases, as `cifarkit predict --model NAME` does."""
 
     def __init__(self, version: str = DEFAULT_VERSION, root: str | Path | None = None, backend: str = "auto",
-                 verify: bool = True):
+                 verify: bool = True, device: str = "auto"):
         loaded = Classifier.load(release_dir(version, root, accepts="a release folder"), backend=backend,
-                                 verify=verify)
+                                 device=device, verify=verify)
         self.__dict__.update(loaded.__dict__)

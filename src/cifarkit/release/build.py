@@ -237,7 +237,8 @@ def speedrun_figures(path: Path, run_config: dict) -> dict:
 
 
 def _measure_inference(model, mean, std, onnx_path: Path, dataset, fp32_predictions) -> dict:
-    classifiers = {backend: Classifier(model, mean, std, backend=backend, onnx=onnx_path)
+    # On the CPU whatever else the machine has: the figures are kept by CPU kind (backends.speed_tables).
+    classifiers = {backend: Classifier(model, mean, std, backend=backend, device="cpu", onnx=onnx_path)
                    for backend in BACKENDS}
     pixels = dataset.test_x.permute(0, 2, 3, 1).numpy()
     labels = dataset.test_y.numpy()

@@ -67,7 +67,8 @@ def create_app(models: dict[str, Served], settings: ServeSettings | None = None)
         # full collection walks them all, a pause long enough to show in the p99 latency under load.
         gc.collect()
         gc.freeze()
-        log.info("models %s loaded and warm in %.2f s; the model thread runs on %d threads", ", ".join(models),
+        log.info("models %s loaded and warm on %s in %.2f s; the model thread runs on %d threads", ", ".join(models),
+                 ", ".join(sorted({str(served.classifier.device) for served in models.values()})),
                  time.perf_counter() - started, settings.model_threads())
         state["ready"] = True
         try:

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from cifarkit.artifacts import preprocess
 from cifarkit.artifacts.releases import release_dir
+from cifarkit.core import device
 from cifarkit.core.errors import CifarkitError
 from cifarkit.inference import backends
 from cifarkit.inference.classifier import Classifier
@@ -40,13 +41,14 @@ class Served:
         speedrun = info.get("speedrun") or {}
         inference = info.get("inference") or {}
         choice = self.classifier.backend_choice
-        # Only speeds measured on a CPU of this machine's kind: another kind's img/s would mislead.
+        # Only speeds measured on a device of this machine's kind: another kind's img/s would mislead.
         table = backends.speed_tables(inference).get(choice.cpu_kind, [])
         throughput = {f"batch_{row['batch_size']}": round(row["images_per_s"], 1)
                       for row in table if row["backend"] == self.classifier.backend}
         return {
             "name": self.name, "source": self.source, "model": info.get("model"), "recipe": info.get("recipe"),
-            "backend": self.classifier.backend, "backend_reason": choice.reason, "cpu_kind": choice.cpu_kind,
+            "device": str(self.classifier.device), "backend": self.classifier.backend,
+            "backend_reason": choice.reason, "cpu_kind": choice.cpu_kind, "onnx_provider": self.classifier.provider,
             "weights_sha256": self.classifier.weights_sha256,
             "params": info.get("params"), "macs": info.get("macs"),
             "test_accuracy": info.get("test_acc"), "test_images": info.get("test_images"),
@@ -61,8 +63,12 @@ class Served:
 
 
 def load_models(names: list[str], settings: ServeSettings) -> dict[str, Served]:
-    """Each named release (a version name or a path, as every command takes it), loaded and verified."""
+    """Each named release (a version name or a path, as every command takes it), loaded and verified, on
+    `settings.device`."""
     served: dict[str, Served] = {}
+    # cuDNN times its algorithms for each batch shape on first use, which the warm-up does for every shape the
+    # batches are padded to, so no request pays for it. Set before tracing: a traced graph keeps the flag.
+    device.configure(device.pick_device(settings.device))
     for text in names:
         path = release_dir(text)
         given_path = Path(text).exists()  # else a version name, which names the model as it is
@@ -75,7 +81,8 @@ def load_models(names: list[str], settings: ServeSettings) -> dict[str, Served]:
         # Traced: a forward pass then holds the GIL only to start and to end, not between its layers, so the event
         # loop and the decode thread no longer slow it down (see Classifier).
         with torch_threads(settings.model_threads()):
-            classifier = Classifier.load(path, backend=settings.backend, verify=settings.verify, traced=True)
+            classifier = Classifier.load(path, backend=settings.backend, device=settings.device,
+                                         verify=settings.verify, traced=True)
         served[name] = Served(name, classifier, path.name if given_path else text)
     return served
 
@@ -148,7 +155,8 @@ class Pipeline:
         self.warm = threading.Event()  # set once the model thread has run every model
         # Batches are padded to these sizes. oneDNN keeps kernels and buffers for every batch shape it has run, about
         # 2.5 MB each for version B: 64 shapes grew a server's RSS by 160 MB over its first minutes of load. A few
-        # shapes, all run in the warm-up, keep RSS flat from the start, at the cost of at most 7 padded images.
+        # shapes, all run in the warm-up, keep RSS flat from the start, at the cost of at most 7 padded images. On a
+        # GPU they are the shapes cuDNN times its algorithms for in the warm-up (load_models).
         self.shapes = sorted({size for size in (1, 2, 4, *range(8, settings.max_batch + 1, 8))
                               if size < settings.max_batch} | {settings.max_batch})
         for name in models:

@@ -44,6 +44,9 @@ class ServeSettings:
     # kind's SPARE_CORES_BY_CPU_KIND.
     threads: int | None = None
     backend: str = "auto"
+    # auto: CUDA, then MPS, then the CPU. A machine without a GPU serves on its CPU as before; one with a GPU runs
+    # its batches there.
+    device: str = "auto"
     verify: bool = True
     api_key: str | None = field(default_factory=lambda: os.environ.get(API_KEY_ENV) or None, repr=False)
 

@@ -377,8 +377,8 @@ def served(server: Endpoint, model: str) -> dict:
         return {}
     described = json.loads(answer)
     found = next((m for m in described["models"] if m["name"] == model), {})
-    return {"served": {k: found.get(k) for k in ("name", "source", "model", "backend", "backend_reason", "cpu_kind",
-                                                 "weights_sha256")}, "batching": described["batching"]}
+    return {"served": {k: found.get(k) for k in ("name", "source", "model", "device", "backend", "backend_reason",
+                                                 "cpu_kind", "weights_sha256")}, "batching": described["batching"]}
 
 
 def exercise(name: str, server: Endpoint, model: str, body: bytes, settings: BenchSettings, levels,
@@ -496,7 +496,8 @@ def table(report: dict) -> str:
     if ratios:
         lines.append(f"- vs unbatched: {SAME_ANSWERS}")
     if alone := report.get("model_alone"):
-        lines.append(f"- the model alone in the same run ({alone['backend']}, traced, {alone['threads']} thread(s)): "
+        lines.append(f"- the model alone in the same run ({alone['backend']} on {alone.get('device', 'cpu')}, traced, "
+                     f"{alone['threads']} thread(s)): "
                      + ", ".join(f"{alone[f'batch_{size}_images_per_s']:,.0f} img/s at batch {size}"
                                  for size in (1, 32, 64)))
     if started := {name: s for name, s in report["servers"].items() if "start_s" in s}:
@@ -527,17 +528,21 @@ def prepare_image() -> tuple[bytes, dict]:
     return raw, {**source, "sent": "32 x 32 PNG", "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
 
 
-def model_alone(model: str, backend: str, threads: int | None) -> dict:
+def model_alone(model: str, backend: str, threads: int | None, device: str = "auto") -> dict:
     """img/s of the served model's forward pass alone, in this process, as the batched server ran it (traced, on its
-    model thread's count, `threads`; torch's default where the server did not say), at the batch sizes it runs: this
-    machine's speed at the time of the run, the ceiling the server's req/s is to be read against."""
+    device and its model thread's count, `threads`; torch's default where the server did not say), at the batch
+    sizes it runs: this machine's speed at the time of the run, the ceiling the server's req/s is to be read
+    against."""
     import torch
 
+    from cifarkit.core.device import configure, pick_device
     from cifarkit.inference.classifier import Classifier
     if threads:
         torch.set_num_threads(threads)
-    classifier = Classifier.load(model, backend=backend, traced=True)
-    figures = {"backend": classifier.backend, "traced": classifier.traced, "threads": torch.get_num_threads()}
+    configure(pick_device(device))  # cuDNN's autotuner on a GPU, as the server sets it (serving.pipeline)
+    classifier = Classifier.load(model, backend=backend, device=device, traced=True)
+    figures = {"backend": classifier.backend, "device": str(classifier.device), "traced": classifier.traced,
+               "threads": torch.get_num_threads()}
     for size in (1, 32, 64):
         pixels = np.zeros((size, 32, 32, 3), np.uint8)
         classifier.logits(pixels)
@@ -584,8 +589,9 @@ def run(settings: BenchSettings, command: str) -> dict:
                                          [OVERLOAD_CONCURRENCY], settings, model, body, after_check=True)
     first = servers["batched"]
     report = context(command, model, settings, image, load_before)
-    backend = first.get("served", {}).get("backend") or settings.backend
-    report["model_alone"] = model_alone(model, backend, first["model_threads"])
+    served_as = first.get("served", {})
+    report["model_alone"] = model_alone(model, served_as.get("backend") or settings.backend, first["model_threads"],
+                                        served_as.get("device") or "auto")
     report["servers"] = servers
     report["summary"] = summarize(servers)
     return report

@@ -72,6 +72,8 @@ const count = (x) => new Intl.NumberFormat("en", { notation: "compact", maximumF
 function showCard() {
   const m = models.find((x) => x.name === $("model").value);
   if (!m) return;
+  // A CPU's figures are kept by its kind (amx, avx2, ...), a GPU's by its device type (cuda, mps).
+  const where = m.device === "cpu" ? `a ${m.cpu_kind} CPU` : m.cpu_kind;
   const facts = [
     ["Architecture", m.model],
     ["Recipe", m.recipe],
@@ -83,11 +85,12 @@ function showCard() {
     ["Over runs", m.runs && m.runs.n
       ? `${percent(m.runs.mean, 2)} ± ${percent(m.runs.std, 2)} (n = ${m.runs.n}`
         + `${m.runs.evaluation ? `, ${m.runs.evaluation}` : ""})` : null],
-    ["Backend", m.backend],
-    // Speeds measured on a CPU of this server's kind only: another machine's img/s is not this one's.
+    ["Backend", m.onnx_provider ? `${m.backend} (${m.onnx_provider})` : m.backend],
+    ["Device", m.device],
+    // Speeds measured on a device of this server's kind only: another machine's img/s is not this one's.
     ["Images/s", m.images_per_s
       ? Object.entries(m.images_per_s).map(([k, v]) => `${Math.round(v).toLocaleString("en")} at ${k.replace("_", " ")}`)
-          .join(", ") + ` (measured on a ${m.cpu_kind} CPU)` : `not measured on a ${m.cpu_kind} CPU`],
+          .join(", ") + ` (measured on ${where})` : `not measured on ${where}`],
     ["Weights sha256", m.weights_sha256 ? `${m.weights_sha256.slice(0, 12)}…` : null],
     ["Created", m.created ? m.created.slice(0, 10) : null],
   ];
