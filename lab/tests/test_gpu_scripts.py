@@ -72,3 +72,12 @@ def test_the_record_warm_up_is_not_idled_before():
     module = SimpleNamespace(main=lambda run, model: (0.935, 0.9402, 2.0))
     assert reference_cuda.record_run(module, None, "warmup") == {"test_acc": 0.9402, "test_acc_single_view": 0.935,
                                                                 "train_time_s": 2.0}
+
+
+def test_the_device_script_stops_at_once_without_a_gpu(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(ROOT / "lab" / "device_check.sh"), str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith("torch sees no CUDA device here; run this on a machine with an NVIDIA GPU")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing half-written
