@@ -30,7 +30,8 @@ TITLES = ["Each device against the CPU", "Each mode against fp32", "cuDNN's auto
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """CUDA available with an H100 in it, a CPU with native bf16; returns the measuring processes' commands and the
+    """CUDA available with a T4 in it (no native bf16: amp is fp16 with a GradScaler there), a CPU with native
+    bf16, so that the two devices' amp differ; returns the measuring processes' commands and the
     inference passes' arguments, as the report made them."""
     asked = {"commands": [], "inference": []}
     run = subprocess.run
@@ -54,9 +55,10 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: SimpleNamespace(
-        name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30, major=9, minor=0))
+        name="Tesla T4", total_memory=16 * 2**30, major=7, minor=5))
     monkeypatch.setattr(device, "cpu_has_bf16", lambda features=None: True)
     monkeypatch.setattr(subprocess, "run", child)
     monkeypatch.setattr(benchmark, "eval_throughput", inference)
@@ -92,7 +94,7 @@ def test_the_report_on_a_gpu_prints_and_writes_the_three_gpu_tables(fake_gpu, tm
     assert all(title in printed for title in TITLES)
     # The page renders the same tables from the file.
     page = devices_table(tmp_path)
-    assert "NVIDIA H100 80GB HBM3" in page and "| 5.00 s | 6.25 s | 1.25x |" in page
+    assert "Tesla T4" in page and "| 5.00 s | 6.25 s | 1.25x |" in page
     assert all(title in page for title in TITLES)
 
 
