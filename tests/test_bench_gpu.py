@@ -12,7 +12,7 @@ import torch
 
 from cifarkit.cli import main
 from cifarkit.core import device
-from cifarkit.tools import benchmark
+from cifarkit.tools import benchmark, results
 from cifarkit.tools.result_tables import devices_table
 from conftest import ROOT
 
@@ -96,6 +96,12 @@ def test_the_report_on_a_gpu_prints_and_writes_the_three_gpu_tables(fake_gpu, tm
     page = devices_table(tmp_path)
     assert "Tesla T4" in page and "| 5.00 s | 6.25 s | 1.25x |" in page
     assert all(title in page for title in TITLES)
+    # And the README's row for the GPU, the three tables in a line.
+    row = next(line for line in results.expect_table(tmp_path).splitlines() if line.startswith("| Tesla T4 |"))
+    assert row == ("| Tesla T4 | `cifarkit bench --devices cpu cuda` | training speed only: simplecnn 10.00x the CPU "
+                   "in fp32, simplecnn 10.00x the CPU in amp; simplecnn in amp (fp16+cl) 2.00x fp32 at 0.50x its "
+                   "peak memory; simplecnn 1.25x with cuDNN autotuning | [bench-devices.json](" + tmp_path.name
+                   + "/bench-devices.json) |")
 
 
 def test_a_report_without_a_gpu_renders_nothing_of_one():

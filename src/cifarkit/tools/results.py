@@ -294,7 +294,27 @@ def expect_table(folder: Path) -> str:
         else:
             lines.append(f"| {gpu} | `cifarkit train` (`fast`) | not measured with the current `fast` yet: its one "
                          f"run timed the earlier recipe | [history](docs/measurements.md) |")
+    lines += _gpu_report_rows(folder)
     return "\n".join(lines)
+
+
+def _gpu_report_rows(folder: Path) -> list[str]:
+    """A row per GPU of a current `cifarkit bench --devices` report: the write-ups' three GPU tables in a line, the
+    training speed-up over the CPU per model, amp against fp32 with its memory, and cuDNN's autotuning on and off."""
+    rows = []
+    for path, data in current_files(folder, "bench-devices*.json"):
+        comparisons, gpus = data.get("comparisons") or {}, data["environment"].get("gpus") or []
+        if not gpus or not comparisons.get("against_cpu"):
+            continue
+        parts = [", ".join(f"{c['model']} {c['speedup']:.2f}x the CPU in {c['mode']}"
+                           for c in comparisons["against_cpu"])]
+        parts += [f"{c['model']} in amp ({c['measured_as']}) {c['speedup']:.2f}x fp32"
+                  + (f" at {c['memory_vs_fp32']:.2f}x its peak memory" if c["memory_vs_fp32"] else "")
+                  for c in comparisons["against_fp32"] if c["mode"] != "fp32"]
+        parts += [f"{c['model']} {c['speedup']:.2f}x with cuDNN autotuning" for c in comparisons["autotuning"]]
+        rows.append(f"| {gpus[0]['name']} | `cifarkit bench --devices cpu cuda` | training speed only: "
+                    f"{'; '.join(parts)} | [{path.name}]({rel(folder, path)}) |")
+    return rows
 
 
 def quickstart_text(folder: Path) -> str:
