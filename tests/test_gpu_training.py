@@ -135,3 +135,28 @@ def test_a_step_reports_device_tensors_and_counts():
         after = torch.nn.functional.cross_entropy(model(inputs), labels)
     assert not torch.equal(before, model[1].weight)
     assert 0 < after.item() < loss.item() / 8  # one step of SGD on these 8 images lowered their mean loss
+
+
+def test_after_the_warm_up_the_run_compiles_nothing(cifar_home, tmp_path, monkeypatch):
+    """The warm-up exists to take compilation off the clock: every graph the run needs (the whitening bias trains in
+    epoch 1 only, so two) is made before it, and the timed epochs then compile nothing, whatever the restored state.
+    torch.compile with its aot_eager backend here: dynamo's guards and recompiles are the same as inductor's, without
+    the C++ compiler's minutes."""
+    import torch._dynamo
+    real_compile, real_warm_up = torch.compile, train.warm_up
+    monkeypatch.setattr(torch, "compile", lambda model, **options: real_compile(model, backend="aot_eager"))
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]  # counts for the whole process: read as differences
+    counted = {"before": graphs["unique_graphs"]}
+
+    def warm_up_then_forbid_compiling(recipe, setup):
+        seconds = real_warm_up(recipe, setup)
+        counted["after warm-up"] = graphs["unique_graphs"]
+        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+        return seconds
+    monkeypatch.setattr(train, "warm_up", warm_up_then_forbid_compiling)
+    train.run(load_recipe("fast", ["train.epochs=3", "train.batch_size=100", "data.subset=500", "train.device=cpu",
+                                   "train.compile=true"]), out=tmp_path / "run")
+    assert counted["after warm-up"] - counted["before"] == 2
+    assert graphs["unique_graphs"] == counted["after warm-up"]
+    torch._dynamo.reset()
