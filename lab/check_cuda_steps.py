@@ -48,9 +48,12 @@ def main() -> None:
     checking = run_device.type == "cuda"
     if checking:
         torch.cuda.set_sync_debug_mode("error")
+    loss_sum = torch.zeros((), device=run_device)
+    correct = torch.zeros((), device=run_device, dtype=torch.long)
     try:
         for micro_batches in setup.loader.epoch(1, args.steps):
-            train_step(state, micro_batches, setup.loss_fn, run_device, setup.precision, cfg.grad_clip)
+            train_step(state, micro_batches, setup.loss_fn, run_device, setup.precision, cfg.grad_clip, loss_sum,
+                       correct)
     except RuntimeError as e:  # the sync debug mode's error, with the line of cifarkit that synchronized
         failure = {"error": str(e).splitlines()[0], "where": [
             f"{frame.filename.rsplit('/cifarkit/', 1)[-1]}:{frame.lineno} {frame.name}"

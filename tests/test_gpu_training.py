@@ -117,8 +117,8 @@ def test_a_speed_run_writes_no_checkpoint(cifar_home, tmp_path):
 
 @pytest.mark.unit
 def test_a_step_reports_device_tensors_and_counts():
-    """train_step returns what it summed as tensors on the device, never read on the host: reading one would wait
-    for a GPU. The images drawn and trained on are counts the loop keeps."""
+    """train_step adds what it sums to the loop's tensors on the device, never read on the host: reading one would
+    wait for a GPU. The images drawn and trained on are counts the loop keeps."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -127,10 +127,11 @@ def test_a_step_reports_device_tensors_and_counts():
                               scaler=torch.amp.GradScaler("cpu", enabled=False), ema=None)
     inputs, labels = torch.randn(8, 3, 4, 4), torch.arange(8) % 10
     before = model[1].weight.detach().clone()
-    loss, correct, trained, drawn = engine.train_step(state, [(inputs[:4], labels[:4]), (inputs[4:], labels[4:])],
-                                                      engine.ClassificationLoss(), torch.device("cpu"),
-                                                      device.PRECISIONS["fp32"], grad_clip=None)
-    assert isinstance(loss, torch.Tensor) and isinstance(correct, torch.Tensor) and (trained, drawn) == (8, 8)
+    loss, correct = torch.zeros(()), torch.zeros((), dtype=torch.long)
+    trained, drawn = engine.train_step(state, [(inputs[:4], labels[:4]), (inputs[4:], labels[4:])],
+                                       engine.ClassificationLoss(), torch.device("cpu"), device.PRECISIONS["fp32"],
+                                       grad_clip=None, loss_sum=loss, correct=correct)
+    assert (trained, drawn) == (8, 8) and 0 <= correct.item() <= 8
     with torch.no_grad():
         after = torch.nn.functional.cross_entropy(model(inputs), labels)
     assert not torch.equal(before, model[1].weight)

@@ -138,10 +138,7 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
     with tqdm(total=steps * batch_size, desc=description, unit="img", unit_scale=True,
               disable=None if progress else True, leave=False) as bar:
         for step, micro_batches in enumerate(batches, 1):
-            step_loss, step_correct, trained, taken = train_step(state, micro_batches, loss_fn, device, precision,
-                                                                 grad_clip)
-            loss_sum += step_loss
-            correct += step_correct
+            trained, taken = train_step(state, micro_batches, loss_fn, device, precision, grad_clip, loss_sum, correct)
             seen, drawn = seen + trained, drawn + taken
             bar.update(batch_size)
             if step % DIVERGENCE_CHECK_EVERY == 0 or step == steps:
@@ -154,15 +151,14 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
 
 
 def train_step(state: TrainState, micro_batches: list, loss_fn: Callable, device: torch.device, precision: Precision,
-               grad_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+               grad_clip: float | None, loss_sum: torch.Tensor, correct: torch.Tensor) -> tuple[int, int]:
     """One optimizer step. `micro_batches`: a list of (normalized, augmented inputs, labels) on the device, whose
-    gradients add up to the step, as if they were one batch. Returns the summed loss and the correct predictions of
-    the images trained on, as device tensors (reading them would wait for the device), their count, and the count
-    of images drawn (more than trained on with a selector). Nothing here waits for a CUDA device, except fp16's
-    GradScaler, which reads its overflow check before stepping, and an EMA (torch's AveragedModel reads its count)."""
+    gradients add up to the step, as if they were one batch. The summed loss and the correct predictions of the
+    images trained on are added to `loss_sum` and `correct`, device tensors that are not read here (reading them
+    would wait for the device). Returns the count of images trained on and of images drawn (more with a selector).
+    Nothing here waits for a CUDA device, except fp16's GradScaler, which reads its overflow check before stepping,
+    and an EMA (torch's AveragedModel reads its count)."""
     state.optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
     seen = drawn = 0
     # Each micro-batch updates the BatchNorm statistics from where the step found them, and the step keeps their
     # mean: what the ranks of a distributed run end a step with (distributed.average_buffers).
@@ -203,7 +199,7 @@ def train_step(state: TrainState, micro_batches: list, loss_fn: Callable, device
             state.ema.update_parameters(state.model)
         if state.lookahead is not None:
             state.lookahead.step(state.model)
-    return loss_sum, correct, seen, drawn
+    return seen, drawn
 
 
 def _set_buffers(model: nn.Module, values: list[torch.Tensor]) -> None:

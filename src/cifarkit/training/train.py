@@ -259,8 +259,6 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
     log.info("recipe %s: model %s (%s params), images: %d train / %d val, batch %d, epochs %g, precision %s",
              recipe.name, recipe.model.name, f"{models.count_params(model):,}", len(loader.images), len(val_x),
              cfg.batch_size, cfg.epochs, precision.name)
-    if cfg.compiles(device.type):
-        log.info("compiling the model with torch.compile: the first step waits for it, often a minute")
 
     from torch.utils.tensorboard import SummaryWriter
     records = _read_metrics(out / "metrics.jsonl", start_epoch)
@@ -388,6 +386,8 @@ def warm_up(recipe: Recipe, setup: _Setup) -> float:
     may crop), and one evaluation batch. torch.compile compiles and cuDNN autotunes here, on the run's own model,
     whose whole training state is then put back exactly: the run trains as if there had been no warm-up."""
     cfg, state, loader = recipe.train, setup.state, setup.loader
+    if cfg.compiles(setup.device.type) and setup.group.writes:
+        log.info("compiling the model with torch.compile at the run's shapes, before the clock: often a minute")
     started = time.perf_counter()
     kept = checkpoint.snapshot(state)
     shapes = set()
@@ -405,7 +405,8 @@ def warm_up(recipe: Recipe, setup: _Setup) -> float:
                  tta=cfg.tta)
     checkpoint.restore_training(state, kept)
     seconds = time.perf_counter() - started
-    log.info("warmed up at the run's shapes in %.1f s (compilation, autotuning), before the clock starts", seconds)
+    if setup.group.writes:
+        log.info("warmed up at the run's shapes in %.1f s (compilation, autotuning), before the clock starts", seconds)
     return seconds
 
 
