@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from cifarkit.models.layers import Conv3x3
+from cifarkit.models.pooling import MaxPool2x2
 from cifarkit.models.registry import register
 
 WHITEN_PATCH = 2
@@ -40,7 +41,7 @@ def _conv(c_in: int, c_out: int, pooled: bool = False) -> nn.Conv2d:
 class ConvGroup(nn.Sequential):
     def __init__(self, c_in: int, c_out: int):
         super().__init__(
-            _conv(c_in, c_out, pooled=True), nn.MaxPool2d(2), _norm(c_out), nn.GELU(),
+            _conv(c_in, c_out, pooled=True), MaxPool2x2(), _norm(c_out), nn.GELU(),
             _conv(c_out, c_out), _norm(c_out), nn.GELU(),
         )
 
