@@ -1,7 +1,7 @@
 """Small C kernels, compiled on the machine that runs them and loaded with ctypes.
 
 Some memory-bound steps of CPU training have no fast torch kernel (a 2x2 max-pool's backward, in
-`models/kernels.py`), and torch.compile made them slower on the CPU measured. A plain C file, compiled once per
+`models/pooling.py`), and torch.compile made them slower on the CPUs measured. A plain C file, compiled once per
 CPU kind with the system's C compiler (under a second) for the instruction sets that the run may use, does them at
 the memory's speed. The library is cached in cifarkit's home folder under a name that hashes the source, the flags,
 the compiler and the CPU, and is written atomically. Without a C compiler, or with CIFARKIT_NATIVE=0, `load` returns

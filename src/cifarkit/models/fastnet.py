@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cifarkit.models.kernels import MaxPool2x2, norm_act
 from cifarkit.models.layers import Conv3x3
+from cifarkit.models.pooling import MaxPool2x2
 from cifarkit.models.registry import register
 
 WHITEN_PATCH = 2
@@ -45,10 +45,6 @@ class ConvGroup(nn.Sequential):
             _conv(c_out, c_out), _norm(c_out), nn.GELU(),
         )
 
-    def forward(self, x):
-        conv1, pool, norm1, act1, conv2, norm2, act2 = self
-        return norm_act(norm2, act2, conv2(norm_act(norm1, act1, pool(conv1(x)))))
-
 
 class ResidualConvGroup(ConvGroup):
     """ConvGroup with a third convolution, and the pooled input added back after it (airbench96's group): depth
@@ -61,8 +57,8 @@ class ResidualConvGroup(ConvGroup):
 
     def forward(self, x):
         conv1, pool, norm1, act, conv2, norm2, _, conv3, norm3 = self
-        x = norm_act(norm1, act, pool(conv1(x)))
-        return act(x + norm3(conv3(norm_act(norm2, act, conv2(x)))))
+        x = act(norm1(pool(conv1(x))))
+        return act(x + norm3(conv3(act(norm2(conv2(x))))))
 
 
 class FastNet(nn.Module):

@@ -37,7 +37,6 @@ PHASES = ("augmentation", "forward", "backward", "optimizer", "weight averaging"
 KINDS = (
     ("convolution backward", r"convolution_backward"),
     ("convolution", r"convolution|conv2d"),
-    ("BatchNorm + GELU", r"batch_norm_gelu"),  # models/kernels.py's fused pair
     ("BatchNorm", r"batch_norm"),
     ("activation", r"gelu|relu|silu|sigmoid|tanh"),
     ("pooling", r"pool"),
