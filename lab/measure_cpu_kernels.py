@@ -27,6 +27,7 @@ from cifarkit.core import device
 from cifarkit.core.files import write_json
 from cifarkit.inference import backends
 from cifarkit.models import pooling
+from cifarkit.training.tracking import git_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"kernel against cifarkit's, medians of {args.rounds} interleaved rounds",
         "command": "python lab/measure_cpu_kernels.py" + (f" --batch-size {args.batch_size}"
                                                            if args.batch_size != 1536 else ""),
-        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "source": git_source(),
         "cpu_kind": kind, "processor": device.report()["processor"], "torch": torch.__version__,
         "threads": torch.get_num_threads(), "batch_size": args.batch_size, "rows": rows,
     })
