@@ -26,7 +26,7 @@ static inline float bf16_value(uint16_t bits) {
 }
 
 /* `at`: the place (0-3) of the winner among a window's values a, b, d, e, in row-major order. */
-#define WINNER(a, b, d, e, at)                                                   \
+#define WINNER(a, b, d, e, at)                                                          \
     do {                                                                                \
         float m = (a); int t;                                                           \
         (at) = 0;                                                                       \
@@ -35,48 +35,38 @@ static inline float bf16_value(uint16_t bits) {
         t = ((e) > m) | ((e) != (e)); (at) = t ? 3 : (at);                              \
     } while (0)
 
-static void window_bf16(const uint16_t *restrict p00, const uint16_t *restrict p01, const uint16_t *restrict p10,
-                        const uint16_t *restrict p11, uint16_t *restrict y, uint8_t *restrict place, long c) {
-    for (long k = 0; k < c; k++) {
-        uint8_t at;
-        WINNER(bf16_value(p00[k]), bf16_value(p01[k]), bf16_value(p10[k]), bf16_value(p11[k]), at);
-        y[k] = at == 0 ? p00[k] : at == 1 ? p01[k] : at == 2 ? p10[k] : p11[k];
-        place[k] = at;
-    }
-}
+/* Per element type: its value as a float, and the gradient torch's backward leaves (it adds each gradient to a
+   zero, which makes -0 a +0). */
+static inline float value_bf16(uint16_t v) { return bf16_value(v); }
+static inline float value_f32(float v) { return v; }
+static inline uint16_t plus_zero_bf16(uint16_t g) { return g == 0x8000 ? 0 : g; }
+static inline float plus_zero_f32(float g) { return g + 0.0f; }
 
-static void window_f32(const float *restrict p00, const float *restrict p01, const float *restrict p10,
-                       const float *restrict p11, float *restrict y, uint8_t *restrict place, long c) {
-    for (long k = 0; k < c; k++) {
-        uint8_t at;
-        WINNER(p00[k], p01[k], p10[k], p11[k], at);
-        y[k] = at == 0 ? p00[k] : at == 1 ? p01[k] : at == 2 ? p10[k] : p11[k];
-        place[k] = at;
+/* A window's row of channels, and its gradient, for one element type: T the element, SUFFIX the helpers' suffix. */
+#define ROWS(T, SUFFIX)                                                                                   \
+    static void window_##SUFFIX(const T *restrict p00, const T *restrict p01, const T *restrict p10,     \
+                                const T *restrict p11, T *restrict y, uint8_t *restrict place, long c) { \
+        for (long k = 0; k < c; k++) {                                                                   \
+            uint8_t at;                                                                                  \
+            WINNER(value_##SUFFIX(p00[k]), value_##SUFFIX(p01[k]), value_##SUFFIX(p10[k]),               \
+                   value_##SUFFIX(p11[k]), at);                                                          \
+            y[k] = at == 0 ? p00[k] : at == 1 ? p01[k] : at == 2 ? p10[k] : p11[k];                      \
+            place[k] = at;                                                                               \
+        }                                                                                                \
+    }                                                                                                    \
+    static void scatter_##SUFFIX(const T *restrict g, const uint8_t *restrict place, T *restrict p00,    \
+                                 T *restrict p01, T *restrict p10, T *restrict p11, long c) {            \
+        for (long k = 0; k < c; k++) {                                                                   \
+            T v = plus_zero_##SUFFIX(g[k]);                                                              \
+            uint8_t at = place[k];                                                                       \
+            p00[k] = at == 0 ? v : 0; p01[k] = at == 1 ? v : 0;                                          \
+            p10[k] = at == 2 ? v : 0; p11[k] = at == 3 ? v : 0;                                          \
+        }                                                                                                \
     }
-}
-
-/* torch's backward adds each gradient to a zero: -0 becomes +0. */
-static void scatter_bf16(const uint16_t *restrict g, const uint8_t *restrict place, uint16_t *restrict p00,
-                         uint16_t *restrict p01, uint16_t *restrict p10, uint16_t *restrict p11, long c) {
-    for (long k = 0; k < c; k++) {
-        uint16_t v = g[k] == 0x8000 ? 0 : g[k];
-        uint8_t at = place[k];
-        p00[k] = at == 0 ? v : 0; p01[k] = at == 1 ? v : 0; p10[k] = at == 2 ? v : 0; p11[k] = at == 3 ? v : 0;
-    }
-}
-
-static void scatter_f32(const float *restrict g, const uint8_t *restrict place, float *restrict p00,
-                        float *restrict p01, float *restrict p10, float *restrict p11, long c) {
-    for (long k = 0; k < c; k++) {
-        float v = g[k] + 0.0f;
-        uint8_t at = place[k];
-        p00[k] = at == 0 ? v : 0.0f; p01[k] = at == 1 ? v : 0.0f;
-        p10[k] = at == 2 ? v : 0.0f; p11[k] = at == 3 ? v : 0.0f;
-    }
-}
 
 /* One body per element type: T the element, SUFFIX the helpers' suffix. */
 #define PARTS(T, SUFFIX)                                                                                  \
+    ROWS(T, SUFFIX)                                                                                       \
     static void *forward_##SUFFIX(void *arg) {                                                            \
         const Job *j = arg; long h = j->h, w = j->w, c = j->c, oh = h / 2, ow = w / 2;                   \
         for (long n = j->n0; n < j->n1; n++)                                                             \
