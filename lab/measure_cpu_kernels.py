@@ -1,9 +1,12 @@
 """torch's max-pool against cifarkit's C kernel (`models/pooling.py`) on the tensors a `fast` step gives it: each
-pool of fastnet, forward and backward, in bf16, and write results/cpu-kernels-KIND.json (KIND: the CPU kind, as in
+pool of fastnet, forward and backward, in the precision training takes here (bf16 where it is native, else fp32),
+and write results/cpu-kernels-KIND.json (KIND: the CPU kind, as in
 backends.CPU_KINDS).
 
     python lab/measure_cpu_kernels.py
     python lab/measure_cpu_kernels.py --batch-size 1536 --rounds 7
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 python lab/measure_cpu_kernels.py \
+        --json results/cpu-kernels-avx2-imitated.json
 
 The shapes are read from one training forward pass of fastnet at the batch size (the kernel plan of this CPU decides
 which convolutions crop their outputs before a pool). Both sides take turns within each round, so drift on a shared
@@ -32,14 +35,14 @@ from cifarkit.training.tracking import git_source
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def pool_inputs(batch_size: int) -> list[torch.Size]:
-    """The input shape of each of fastnet's pools in a bf16 training step, in order."""
+def pool_inputs(batch_size: int, dtype: torch.dtype) -> list[torch.Size]:
+    """The input shape of each of fastnet's pools in a training step in `dtype`, in order."""
     model = models.create("fastnet").train().to(memory_format=torch.channels_last)
     shapes = []
     hooks = [group[1].register_forward_pre_hook(lambda module, inputs: shapes.append(inputs[0].shape))
              for group in model.conv_groups]
     images = torch.randn(batch_size, 3, 32, 32).contiguous(memory_format=torch.channels_last)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
         model(images)
     for hook in hooks:
         hook.remove()
@@ -62,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if pooling.kernel() is None:
         raise SystemExit("the C kernel could not be built here (no C compiler?): nothing to compare")
+    dtype = torch.bfloat16 if device.cpu_has_bf16() else torch.float32  # as pick_precision's auto chooses
     generator = torch.Generator().manual_seed(0)
     sides = {"torch": lambda x: F.max_pool2d(x, 2), "cifarkit": pooling.MaxPool2x2Function.apply}
     rows = []
-    for shape in pool_inputs(args.batch_size):
-        x = torch.randn(shape, generator=generator).bfloat16().contiguous(memory_format=torch.channels_last)
+    for shape in pool_inputs(args.batch_size, dtype):
+        x = torch.randn(shape, generator=generator).to(dtype).contiguous(memory_format=torch.channels_last)
         for pool in sides.values():  # warm-up
             milliseconds(pool, x)
         samples = {side: [] for side in sides}
@@ -83,12 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     kind = backends.cpu_kind()
     out = args.json or ROOT / "results" / f"cpu-kernels-{kind}.json"
     write_json(out, {
-        "what": "forward + backward of each max-pool in a fastnet training step, bf16, channels-last: torch's "
-                f"kernel against cifarkit's, medians of {args.rounds} interleaved rounds",
-        "command": "python lab/measure_cpu_kernels.py" + (f" --batch-size {args.batch_size}"
-                                                           if args.batch_size != 1536 else ""),
+        "what": f"forward + backward of each max-pool in a fastnet training step, {str(dtype)[6:]}, channels-last: "
+                f"torch's kernel against cifarkit's, medians of {args.rounds} interleaved rounds",
+        "command": " ".join([*(f"{name}={value}" for name, value in device.isa_caps().items()),
+                             "python lab/measure_cpu_kernels.py",
+                             *([f"--batch-size {args.batch_size}"] if args.batch_size != 1536 else []),
+                             *([f"--json {args.json}"] if args.json else [])]),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "source": git_source(),
-        "cpu_kind": kind, "processor": device.report()["processor"], "torch": torch.__version__,
+        "cpu_kind": kind, "isa_caps": device.isa_caps(), "processor": device.report()["processor"],
+        "torch": torch.__version__,
         "threads": torch.get_num_threads(), "batch_size": args.batch_size, "rows": rows,
     })
     print(f"written to {out.name}")
