@@ -124,7 +124,7 @@ def contracts_block() -> str:
 
 
 def releases_block() -> str:
-    return compare(SHIPPED, CHARTS / "releases.png")
+    return compare([str(SHIPPED)], CHARTS / "releases.png")
 
 
 def inference_block() -> str:

@@ -69,7 +69,10 @@ def test_a_version_name_means_the_same_release_everywhere(workdir, image, capsys
     assert "version A: the shipped release" in caplog.messages
     assert main(["compare", "--figure", "cmp.png"]) == 0
     rows = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert rows == ["| version", "| A", "| B", "| T"]
+    assert rows == ["| version", "| A", "| B", "| T", "| seed A", "| seed B"]
+    assert main(["compare", "T", "A"]) == 0  # by name, in the order named
+    rows = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows == ["| version", "| T", "| A", "| seed A", "| seed B"]
     # A release of the user's under a shipped name is the one every command then uses.
     shutil.copytree(workdir / "cifar10_models" / "version_T", workdir / "cifar10_models" / "version_A")
     assert Classifier.load("A", backend="torch-fp32").info["model"] == "simplecnn"

@@ -6,6 +6,7 @@ from torch import nn
 
 from cifarkit import models
 from cifarkit.core.errors import CifarkitError
+from cifarkit.release import build
 from cifarkit.training import train
 from cifarkit.training.config import load_recipe
 from cifarkit.training.engine import ClassificationLoss, DistillationLoss
@@ -51,7 +52,7 @@ def test_the_teacher_changes_the_students_gradients():
     assert torch.allclose(gradients(DistillationLoss(teacher, temperature=4.0, weight=0.0)), plain)
 
 
-def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp_path):
+def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp_path, monkeypatch):
     settings = ["train.epochs=1", "data.subset=500"]
     train.run(load_recipe("distill", [f"distill.teacher={released}"] + settings), out=tmp_path / "student")
     train.run(load_recipe("distill", ["distill.teacher=null"] + settings), out=tmp_path / "plain")
@@ -62,6 +63,13 @@ def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp
     assert config["distill"]["teacher"] == str(released)
     assert config["run"]["teacher"]["model"] == "simplecnn"
     assert "distilling from" in (tmp_path / "student" / "train.log").read_text()
+    # Its release says how it was taught: the teacher, and the loss's split and temperature.
+    monkeypatch.setattr(build, "INFERENCE_ROUNDS", 1)
+    monkeypatch.setattr(build, "SECONDS_PER_SAMPLE", 0.05)
+    folder = build.make_release(tmp_path / "student", "S", tmp_path / "models")
+    assert yaml.safe_load((folder / "config.yaml").read_text())["training"]["distill"]["weight"] == 0.3
+    assert (f"Distilled from the release at `{released.name}` (`simplecnn`): loss 0.7 x cross-entropy + 0.3 x the KL "
+            f"divergence from the teacher's soft targets at temperature 4.") in (folder / "MODEL_CARD.md").read_text()
 
 
 def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp_path):

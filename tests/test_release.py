@@ -15,6 +15,7 @@ import torch
 import yaml
 from PIL import Image
 
+from cifarkit import models
 from cifarkit.artifacts import weights
 from cifarkit.cli import main
 from cifarkit.core.errors import CifarkitError
@@ -35,6 +36,12 @@ def test_release_folder_holds_what_a_user_needs(released):
     assert metrics["weights_sha256"] == hashlib.sha256((released / "model.safetensors").read_bytes()).hexdigest()
     for key in ("wall_time_s", "device", "seed"):
         assert metrics["training"][key] is not None, key
+    # What one run cost, and where: the card says it, with no teacher sentence for a run that had none.
+    assert (metrics["training"]["cpu_kind"], metrics["training"]["threads"]) == (backends.cpu_kind(),
+                                                                               torch.get_num_threads())
+    card = (released / "MODEL_CARD.md").read_text()
+    assert f"{torch.get_num_threads()} threads of an {backends.cpu_kind()} CPU" in card
+    assert "Distilled" not in card
     inference = metrics["inference"]
     assert {(r["backend"], r["batch_size"]) for r in inference["throughput"]} == {
         (b, bs) for b in ("torch-fp32", "torch-bf16", "onnxruntime") for bs in (1, 256)}
@@ -167,7 +174,16 @@ def test_compare_prints_a_table_and_draws_a_chart(released, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| T | `simplecnn` | `simplecnn` | 113,738 |" in out
     assert figure.stat().st_size > 0
+    # The seed's two releases under it, its claims marked as such, the architecture's size counted.
+    resnet18 = models.create("resnet18")
+    assert (f"| seed A | `resnet18-sgd` | `resnet18` | {models.count_params(resnet18):,} | "
+            f"{models.count_macs(resnet18):,} | 95.2% | not stated |") in out
+    assert "| seed B | `resnet18-adamw` |" in out and "| 2,150 | RTX 3090 |" in out
+    assert "not measured here" in out
     assert main(["compare", str(tmp_path)]) == 2
+    assert "no releases (version_*/metrics.json) under" in capsys.readouterr().err
+    assert main(["compare", str(released), "nope"]) == 2
+    assert "no weights at nope" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "exported", "torchscript"])

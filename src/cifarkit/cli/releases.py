@@ -59,11 +59,13 @@ def _register(folder: Path, args) -> None:
 
 def cmd_compare(args) -> None:
     from cifarkit.release.compare import compare
-    root = Path(args.root) if args.root else None
-    # Beside the releases of ROOT; with none given (the shipped ones lie inside the package), in the current folder.
-    figure = Path(args.figure) if args.figure else (root or Path()) / "comparison.png"
-    print(compare(root, figure))
-    print(f"\nchart: {figure}")
+    # Beside the releases of the one folder of releases named; otherwise (the shipped ones lie inside the package)
+    # in the current folder.
+    only = Path(args.releases[0]) if len(args.releases) == 1 else None
+    beside = only if only and only.is_dir() and not (only / "metrics.json").is_file() else Path()
+    figure = Path(args.figure) if args.figure else beside / "comparison.png"
+    print(compare(args.releases, figure))
+    print(f"\nchart of the measured releases: {figure}")
 
 
 def cmd_export(args) -> None:
@@ -95,9 +97,10 @@ def register(sub) -> None:
                         "registered model (MLFLOW_TRACKING_URI; needs the mlflow extra)")
     p.add_argument("--alias", help="with --register: point this alias of the model (e.g. champion) at the new version")
     p.set_defaults(func=cmd_release)
-    p = command(sub, "compare", "markdown table and PNG chart of the releases in a folder")
-    p.add_argument("root", nargs="?", help="folder of version_* releases (default: ./cifar10_models and the shipped "
-                                          "releases, as names resolve)")
+    p = command(sub, "compare", "releases side by side with the seed's A and B: a markdown table and a PNG chart")
+    p.add_argument("releases", nargs="*", metavar="RELEASE",
+                   help="version names (A B), release folders, or folders of version_* releases (default: every "
+                        "release a name reaches: ./cifar10_models and the shipped ones)")
     p.add_argument("--figure", help="chart to write, .png/.jpg/.pdf/.svg (default: comparison.png in ROOT, or here)")
     p.set_defaults(func=cmd_compare)
     p = command(sub, "export", "write ONNX / torch.export / TorchScript / TensorRT of a release, checked for parity")

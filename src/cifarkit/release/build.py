@@ -169,7 +169,7 @@ def _assemble(folder: Path, run_dir: Path, run_config: dict, name: str, weights_
         "speedrun": spread,
         "training": {**{k: summary.get(k) for k in ("wall_time_s", "train_time_s", "device", "precision", "epochs",
                                                      "seed", "test_acc")},
-                     "train_images": run_config["run"]["train_images"]},
+                     **_trained_on(run_config["run"])},
         "params": models.count_params(model), "macs": models.count_macs(model),
         "weights_dtype": weights_dtype, "weights_bytes": weights_path.stat().st_size,
         "inference": inference,
@@ -184,12 +184,21 @@ def _assemble(folder: Path, run_dir: Path, run_config: dict, name: str, weights_
         "model": {"name": meta["model"], "params": metrics["params"], "macs": metrics["macs"],
                   "input": [3, preprocess.SIZE, preprocess.SIZE], "classes": list(cifar10.CLASSES)},
         "training": {"recipe": summary["recipe"], "optim": run_config["optim"], "schedule": run_config["schedule"],
-                     "train": run_config["train"], "run": _portable_run(run_config.get("run", {}))},
+                     "train": run_config["train"], "run": _portable_run(run_config.get("run", {})),
+                     **({"distill": run_config["distill"]} if run_config.get("run", {}).get("teacher") else {})},
         "data": {**run_config["data"], "dataset_sha256": dataset.sha256},
     }
     write_text(folder / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     write_text(folder / "MODEL_CARD.md", model_card(metrics, config))
     write_manifest(folder, metrics)
+
+
+def _trained_on(run: dict) -> dict:
+    """The training images, and on a CPU its kind and threads: what the wall time cost, and where."""
+    where = {"train_images": run["train_images"]}
+    if run.get("device") == "cpu" and "cpu_features" in run:
+        where |= {"cpu_kind": device.cpu_kind(run["cpu_features"]), "threads": run["threads"]}
+    return where
 
 
 def _portable_run(run: dict) -> dict:

@@ -26,9 +26,9 @@ Written by `cifarkit release` on {metrics['created']}; every number here comes f
   sha256 `{metrics['weights_sha256']}`.
 
 ## Training
-Recipe `{metrics['recipe']}`, seed {train['seed']}, {train['epochs']} epochs on {train['device']}
-({train['precision']}): wall time {train['wall_time_s'] / 60:.1f} min.
-Data: {_training_data(train, config['data'])} of the CIFAR-10 training set (content sha256
+Recipe `{metrics['recipe']}`, seed {train['seed']}, {train['epochs']} epochs on {_device(train)}
+({train['precision']}): wall time {train['wall_time_s'] / 60:.1f} min, what one run costs to reproduce there.
+{_teacher(config['training'])}Data: {_training_data(train, config['data'])} of the CIFAR-10 training set (content sha256
 `{metrics['dataset_sha256']}`). The test set was never used to choose anything.
 
 ## Evaluation
@@ -70,3 +70,21 @@ def _training_data(train: dict, data_config: dict) -> str:
     if data_config["val_split"]:
         how.append(f"{data_config['val_split']:,} more held out for validation")
     return f"{train['train_images']:,} images" + (f" ({'; '.join(how)})" if how else "")
+
+
+def _device(train: dict) -> str:
+    """'2 threads of an amx CPU', where the release recorded them; else the device's name."""
+    if "cpu_kind" in train:
+        return f"{train['threads']} threads of an {train['cpu_kind']} CPU"
+    return train["device"]
+
+
+def _teacher(training: dict) -> str:
+    """The distillation sentence of a run that had a teacher, else nothing."""
+    teacher = training["run"].get("teacher")
+    if not teacher:
+        return ""
+    distill = training["distill"]
+    return (f"Distilled from the release at `{teacher['release']}` (`{teacher['model']}`): loss "
+            f"{1 - distill['weight']:g} x cross-entropy + {distill['weight']:g} x the KL divergence from the "
+            f"teacher's soft targets at temperature {distill['temperature']:g}.\n")

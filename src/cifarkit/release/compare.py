@@ -1,39 +1,99 @@
-"""`cifarkit compare`: the releases of a folder side by side, as a table and a chart."""
+"""`cifarkit compare`: releases side by side with the seed's two, as a table, and a chart of the measured ones."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from cifarkit import models
 from cifarkit.artifacts.releases import (
     METRICS_NAME,
     known_releases,
+    release_dir,
+    versions,
 )
 from cifarkit.core.errors import CifarkitError
 from cifarkit.training import plots
 
+# Seed 000's two ResNet-18 releases as its write-up states them, trained and timed on an RTX 3090: claims, never
+# measured here. None where the write-up states no figure. Their parameters and MACs are not claims: they are counted
+# from the same architecture, cifarkit's `resnet18`.
+SEED_MODEL = "resnet18"
+SEED_DEVICE = "RTX 3090"
+SEED_CLAIMS = (
+    {"release": "A", "recipe": "resnet18-sgd", "test_acc": 0.952, "training_min": 182.0,
+     "images_per_s_batch256": None},
+    {"release": "B", "recipe": "resnet18-adamw", "test_acc": 0.947, "training_min": None,
+     "images_per_s_batch256": 2150.0},
+)
+NOT_STATED = "not stated"
 
-def compare(root: Path | None, figure: Path | None = None) -> str:
-    """The side-by-side markdown table of every release under `root`, and a PNG chart (default: beside them). With no
-    root, of every release a version name reaches: ./cifar10_models and the shipped ones, as `--model NAME` finds
-    them."""
-    folders = sorted(Path(root).glob("version_*")) if root else list(known_releases().values())
-    releases = [json.loads((folder / METRICS_NAME).read_text()) for folder in folders
-                if (folder / METRICS_NAME).is_file()]
-    if not releases:
-        raise CifarkitError(f"no releases (version_*/metrics.json) under {root}; write one with `cifarkit release`")
-    lines = ["| version | recipe | model | params | test acc | test acc TTA | seeds (mean +- std) | training time | "
-             "img/s batch 1 | img/s batch 256 | weights |",
-             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+
+def selected_releases(names: list[str] | None) -> list[Path]:
+    """The release folders `names` mean, in their order: each a version name, a release folder, or a folder of
+    version_* releases (all of them). With none, every release a version name reaches."""
+    if not names:
+        return list(known_releases().values())
+    folders = []
+    for name in names:
+        path = Path(name)
+        if path.is_dir() and not (path / METRICS_NAME).is_file():
+            found = [folder for folder in versions(path).values() if (folder / METRICS_NAME).is_file()]
+            if not found:
+                raise CifarkitError(f"no releases (version_*/{METRICS_NAME}) under {path}; write one with "
+                                    f"`cifarkit release`, or name a release (A, B, or a release folder)")
+            folders += found
+            continue
+        folder = release_dir(name, accepts="a release folder or a folder of version_* releases")
+        if not (folder / METRICS_NAME).is_file():
+            raise CifarkitError(f"{folder} has no {METRICS_NAME}: it is not a release; write one with "
+                                f"`cifarkit release RUN --name V`")
+        folders.append(folder)
+    return list(dict.fromkeys(folders))
+
+
+def compare(names: list[str] | None = None, figure: Path | None = None) -> str:
+    """The markdown table of the releases `names` select (see `selected_releases`) with the seed's two claimed rows
+    under them, and a PNG chart of the measured ones (default: comparison.png here)."""
+    releases = [json.loads((folder / METRICS_NAME).read_text()) for folder in selected_releases(names)]
+    lines = ["| version | recipe | model | params | MACs / image | test acc | test acc TTA | seeds (mean +- std) | "
+             "training time | img/s batch 1 | img/s batch 256 | inference on | weights |",
+             "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|---:|"]
     for m in releases:
         s = m["speedrun"]
         seeds = "n = 1"
         if s and s["std"] is not None:
             seeds = f"n = {s['n']}: {100 * s['mean']:.2f}% +- {100 * s['std']:.2f}"
         inf = m["inference"]
-        lines.append(f"| {m['release']} | `{m['recipe']}` | `{m['model']}` | {m['params']:,} | "
+        lines.append(f"| {m['release']} | `{m['recipe']}` | `{m['model']}` | {m['params']:,} | {m['macs']:,} | "
                      f"{100 * m['test_acc']:.2f}% | {100 * m['test_acc_tta']:.2f}% | {seeds} | "
                      f"{m['training']['wall_time_s'] / 60:.1f} min ({m['training']['device']}) | "
                      f"{inf['images_per_s_batch1']:,.0f} | {inf['images_per_s_batch256']:,.0f} | "
-                     f"{m['weights_bytes'] / 1e6:.1f} MB |")
-    plots.release_comparison(releases, figure or Path(root or "") / "comparison.png")
-    return "\n".join(lines)
+                     f"{_inference_device(inf)}, {inf['default_backend']} | {m['weights_bytes'] / 1e6:.1f} MB |")
+    lines += _seed_rows()
+    plots.release_comparison(releases, figure or Path("comparison.png"))
+    return "\n".join(lines) + (
+        f"\n\nseed A and seed B: seed 000's write-up, as it states them for an {SEED_DEVICE} (not measured here; "
+        f"{NOT_STATED}: it gives no figure); their params and MACs are counted from the same architecture, "
+        f"`{SEED_MODEL}`. cifarkit's rows are measured, their inference with each release's default backend.")
+
+
+def _inference_device(inference: dict) -> str:
+    measured_on = inference["measured_on"]
+    if measured_on.get("device") == "cuda" and measured_on.get("gpus"):
+        return measured_on["gpus"][0]["name"]
+    kind = f"{inference['cpu_kind']} CPU" if "cpu_kind" in inference else "CPU"
+    return f"{kind}, {measured_on['threads']} threads"
+
+
+def _seed_rows() -> list[str]:
+    model = models.create(SEED_MODEL)
+    params, macs = models.count_params(model), models.count_macs(model)
+    rows = []
+    for claim in SEED_CLAIMS:
+        minutes, speed = claim["training_min"], claim["images_per_s_batch256"]
+        training = f"{minutes:.0f} min ({SEED_DEVICE})" if minutes is not None else NOT_STATED
+        rows.append(f"| seed {claim['release']} | `{claim['recipe']}` | `{SEED_MODEL}` | {params:,} | {macs:,} | "
+                    f"{100 * claim['test_acc']:.1f}% | {NOT_STATED} | {NOT_STATED} | {training} | {NOT_STATED} | "
+                    f"{f'{speed:,.0f}' if speed is not None else NOT_STATED} | "
+                    f"{SEED_DEVICE if speed is not None else NOT_STATED} | {NOT_STATED} |")
+    return rows
