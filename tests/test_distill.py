@@ -69,7 +69,7 @@ def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp
     folder = build.make_release(tmp_path / "student", "S", tmp_path / "models")
     assert yaml.safe_load((folder / "config.yaml").read_text())["training"]["distill"]["weight"] == 0.3
     assert (f"Distilled from the release at `{released.name}` (`simplecnn`): loss 0.7 x cross-entropy + 0.3 x the KL "
-            f"divergence from the teacher's soft targets at temperature 4.") in (folder / "MODEL_CARD.md").read_text()
+            f"divergence from the teacher's soft targets (its logits on each augmented batch) at temperature 4.") in (folder / "MODEL_CARD.md").read_text()
 
 
 def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp_path):

@@ -85,6 +85,8 @@ def _teacher(training: dict) -> str:
     if not teacher:
         return ""
     distill = training["distill"]
+    targets = ("its TTA logits of each training image, computed once before training"
+               if distill.get("targets") == "tta" else "its logits on each augmented batch")
     return (f"Distilled from the release at `{teacher['release']}` (`{teacher['model']}`): loss "
             f"{1 - distill['weight']:g} x cross-entropy + {distill['weight']:g} x the KL divergence from the "
-            f"teacher's soft targets at temperature {distill['temperature']:g}.\n")
+            f"teacher's soft targets ({targets}) at temperature {distill['temperature']:g}.\n")
