@@ -68,8 +68,9 @@ def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp
     monkeypatch.setattr(build, "SECONDS_PER_SAMPLE", 0.05)
     folder = build.make_release(tmp_path / "student", "S", tmp_path / "models")
     assert yaml.safe_load((folder / "config.yaml").read_text())["training"]["distill"]["weight"] == 0.3
+    card = (folder / "MODEL_CARD.md").read_text()
     assert (f"Distilled from the release at `{released.name}` (`simplecnn`): loss 0.7 x cross-entropy + 0.3 x the KL "
-            f"divergence from the teacher's soft targets (its logits on each augmented batch) at temperature 4.") in (folder / "MODEL_CARD.md").read_text()
+            f"divergence from the teacher's soft targets (its logits on each augmented batch) at temperature 4.") in card
 
 
 def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp_path):
