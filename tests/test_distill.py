@@ -8,6 +8,8 @@ from cifarkit import models
 from cifarkit.core.errors import CifarkitError
 from cifarkit.release import build
 from cifarkit.training import train
+from cifarkit.data.config import AugmentConfig, DataConfig
+from cifarkit.data.loader import TrainLoader
 from cifarkit.training.config import load_recipe
 from cifarkit.training.engine import ClassificationLoss, DistillationLoss
 
@@ -34,6 +36,31 @@ def test_distillation_loss_is_0_7_ce_plus_0_3_t2_kl():
     # A student that already matches its teacher only learns from the labels.
     matched = DistillationLoss(FixedLogits(student), temperature=t, weight=0.3)(student, labels, None)
     assert matched.item() == pytest.approx(0.7 * ClassificationLoss()(student, labels, None).item(), rel=1e-5)
+
+
+@pytest.mark.unit
+def test_targets_computed_before_training_give_the_live_teachers_loss():
+    torch.manual_seed(0)
+    student, teacher, labels = torch.randn(6, 10), torch.randn(6, 10), torch.randint(0, 10, (6,))
+    live = DistillationLoss(FixedLogits(teacher), temperature=4.0, weight=0.3)(student, labels, None)
+    cached = DistillationLoss(None, temperature=4.0, weight=0.3)
+    assert torch.equal(cached(student, labels, None, teacher), live)
+    with pytest.raises(ValueError, match="needs the batch's targets"):
+        cached(student, labels, None)
+
+
+@pytest.mark.unit
+def test_the_loader_hands_each_image_its_own_target():
+    images = torch.arange(40, dtype=torch.uint8).view(40, 1, 1, 1).expand(40, 3, 4, 4).contiguous()
+    loader = TrainLoader(images, torch.arange(40) % 10, 8, DataConfig(augment=AugmentConfig(flip=True)), seed=0,
+                         shards=2, own=range(2))
+    assert all(len(batch) == 2 for batch in next(loader.epoch(1)))
+    loader.targets = torch.arange(40, dtype=torch.float32)[:, None] * torch.ones(10)
+    for micro_batches in loader.epoch(1):
+        for inputs, labels, targets in micro_batches:
+            # The image's index is in its pixels (before normalization), and its target says the same index.
+            index = torch.round(inputs[:, 0, 0, 0] * loader.cfg.std[0] * 255 + loader.cfg.mean[0] * 255)
+            assert torch.equal(targets[:, 0], index) and torch.equal(labels, index.long() % 10)
 
 
 @pytest.mark.unit
@@ -71,6 +98,28 @@ def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp
     card = (folder / "MODEL_CARD.md").read_text()
     assert (f"Distilled from the release at `{released.name}` (`simplecnn`): loss 0.7 x cross-entropy + 0.3 x the KL "
             f"divergence from the teacher's soft targets (its logits on each augmented batch) at temperature 4.") in card
+
+
+def test_tta_targets_are_the_teachers_tta_logits_computed_once(released, cifar_home, tmp_path, monkeypatch):
+    calls = []
+    real = train.tta_logits
+
+    def counted(teacher, images, *args, **kwargs):
+        calls.append(len(images))
+        return real(teacher, images, *args, **kwargs)
+    monkeypatch.setattr(train, "tta_logits", counted)
+    settings = ["train.epochs=2", "data.subset=500", f"distill.teacher={released}"]
+    train.run(load_recipe("distill", settings + ["distill.targets=tta"]), out=tmp_path / "tta")
+    assert calls == [500], "once, for every training image, before the first epoch"
+    train.run(load_recipe("distill", settings), out=tmp_path / "live")
+    assert calls == [500], "a live teacher computes nothing in advance"
+    # Same seed and batches; only the targets differ (the teacher's TTA prediction of the image, not its logits on
+    # the augmented copy), so the students do too.
+    tta, live = (load_file(str(tmp_path / run / "model.safetensors")) for run in ("tta", "live"))
+    assert any(not torch.equal(tta[k], live[k]) for k in tta)
+    assert "targets the teacher's TTA logits of each image" in (tmp_path / "tta" / "train.log").read_text()
+    with pytest.raises(CifarkitError, match=r"bad value for distill.targets: 'views' \(choose from live, tta\)"):
+        load_recipe("distill", ["distill.targets=views"])
 
 
 def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp_path):

@@ -34,8 +34,9 @@ def test_the_hardest_images_in_batch_order_and_the_proxy_learns_one_step_in_n():
         with torch.no_grad():
             losses = F.cross_entropy(before.train()(inputs), labels, reduction="none", label_smoothing=0.2)
         expected = losses.argsort(descending=True)[:10].sort().values
-        kept_inputs, kept_labels = selector(inputs, labels)
+        kept_inputs, kept_labels, kept_targets = selector(inputs, labels, 2 * labels)  # per-image targets follow
         assert torch.equal(kept_inputs, inputs[expected]) and torch.equal(kept_labels, labels[expected])
+        assert torch.equal(kept_targets, 2 * labels[expected])
         assert (losses[expected].min() >= losses[~torch.isin(torch.arange(40), expected)].max())
         changed = [not torch.equal(a, b) for a, b in zip(before.parameters(), selector.proxy.model.parameters())]
         assert any(changed) == (step % 2 == 0), f"step {step}: the proxy learns on steps 0 and 2 only"

@@ -115,6 +115,9 @@ class TrainLoader:
             raise CifarkitError(f"batch size {batch_size} exceeds the {len(images)} training images; "
                                 f"lower --batch-size or raise --subset")
         self.images, self.labels, self.batch_size = images, labels, batch_size
+        # Per-image targets for the loss (distillation's teacher logits computed once), or None: a micro-batch
+        # is then (inputs, labels, targets), else (inputs, labels).
+        self.targets: torch.Tensor | None = None
         self.cfg, self.seed, self.memory_format = cfg, seed, memory_format
         self.shard_size, self.own = batch_size // shards, own
         self.steps_per_epoch = len(images) // batch_size
@@ -124,8 +127,9 @@ class TrainLoader:
         self.first_epoch_flip = torch.rand(len(images), generator=first_flips, device=images.device) < 0.5
 
     def epoch(self, epoch: int, steps: int | None = None):
-        """Each step's micro-batches of this process: a list of (inputs, labels), one per shard it owns. `steps`: the
-        first so many of the epoch's steps (a run's cut-short last epoch); None: all of them."""
+        """Each step's micro-batches of this process: a list of (inputs, labels[, targets]), one per shard it owns
+        (see `targets`). `steps`: the first so many of the epoch's steps (a run's cut-short last epoch); None: all
+        of them."""
         device = self.images.device
         generator = torch.Generator(device=device).manual_seed(self.seed * 100_003 + epoch)
         order = torch.randperm(len(self.images), generator=generator, device=device)
@@ -141,7 +145,8 @@ class TrainLoader:
                     flip = self.first_epoch_flip[idx] ^ (epoch % 2 == 0) if self.cfg.augment.alternate_flip else None
                     inputs = augment(self.images[idx], self.cfg.augment, self.cfg.mean, self.cfg.std, generators[s],
                                      flip, crop)
-                    micro_batches.append((inputs.contiguous(memory_format=self.memory_format), self.labels[idx]))
+                    per_image = (self.labels[idx],) if self.targets is None else (self.labels[idx], self.targets[idx])
+                    micro_batches.append((inputs.contiguous(memory_format=self.memory_format), *per_image))
             yield micro_batches
 
     def crop(self, epoch: int) -> int | None:

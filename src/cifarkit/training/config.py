@@ -137,6 +137,11 @@ class DistillConfig:
     teacher: str | None = None  # a version name (./cifar10_models, then shipped) or a release folder; None = off
     temperature: float = 4.0  # softens both distributions so the teacher's ranking of the wrong classes teaches
     weight: float = 0.3  # loss = (1 - weight) * CE + weight * T^2 * KL(teacher || student)
+    # live: the teacher sees every augmented batch the student sees, one forward pass per image per epoch.
+    # tta: before training, once, the teacher's TTA logits of each training image (as its evaluation's TTA: the
+    # image, its mirror and their 1-pixel shifts) are the target of every augmented copy of that image: six
+    # forward passes per image in all, and the teacher's more accurate prediction to learn from in a single view.
+    targets: str = "live"
 
 
 @dataclass
@@ -164,6 +169,7 @@ CHOICES = {
     "train.dist_backend": (None, "gloo", "nccl"),
     "train.track": (None, "mlflow"),
     "data.augment.autoaugment": (None, "cifar10", "imagenet", "svhn"),
+    "distill.targets": ("live", "tta"),
 }
 
 

@@ -61,7 +61,8 @@ class HardestSelector:
         self.label_smoothing, self.device, self.precision = label_smoothing, device, precision
         self.steps = 0
 
-    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, *per_image: torch.Tensor) -> tuple:
+        """The kept share of (inputs, labels, *per_image): the images the proxy finds hardest, in batch order."""
         proxy = self.proxy
         learns = self.steps % self.train_every == 0
         proxy.model.train()
@@ -77,7 +78,7 @@ class HardestSelector:
             proxy.scaler.update()
         proxy.scheduler.step()
         self.steps += 1
-        return inputs[hardest], labels[hardest]
+        return tuple(tensor[hardest] for tensor in (inputs, labels, *per_image))
 
     def state_dict(self) -> dict:
         return {"model": self.proxy.model.state_dict(), "optimizer": self.proxy.optimizer.state_dict(),
@@ -93,29 +94,39 @@ class HardestSelector:
 
 
 class ClassificationLoss:
-    """Cross-entropy (with label smoothing) on the labels; called as loss(logits, labels, inputs)."""
+    """Cross-entropy (with label smoothing) on the labels; called as loss(logits, labels, inputs[, targets]), with
+    the batch's per-image targets where the loader has them (TrainLoader.targets)."""
 
     def __init__(self, label_smoothing: float = 0.0):
         self.cross_entropy = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
-    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor,
+                 targets: torch.Tensor | None = None) -> torch.Tensor:
         return self.cross_entropy(logits, labels)
 
 
 class DistillationLoss(ClassificationLoss):
     """(1 - weight) * CE + weight * T^2 * KL(teacher || student) at temperature T (Hinton et al. 2015).
 
-    The teacher sees the same augmented batch as the student. T^2 keeps the soft term's gradients on the scale of
-    the hard term's, whatever T is.
+    With a teacher, it sees the same augmented batch as the student; without one (None), the batch's `targets` are
+    the teacher's logits, computed before training (distill.targets: tta). T^2 keeps the soft term's gradients on
+    the scale of the hard term's, whatever T is.
     """
 
-    def __init__(self, teacher: nn.Module, temperature: float, weight: float, label_smoothing: float = 0.0):
+    def __init__(self, teacher: nn.Module | None, temperature: float, weight: float, label_smoothing: float = 0.0):
         super().__init__(label_smoothing)
-        self.teacher, self.temperature, self.weight = teacher.eval().requires_grad_(False), temperature, weight
+        self.teacher = teacher.eval().requires_grad_(False) if teacher is not None else None
+        self.temperature, self.weight = temperature, weight
 
-    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            teacher_logits = self.teacher(inputs).float()
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor,
+                 targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.teacher is not None:
+            with torch.no_grad():
+                teacher_logits = self.teacher(inputs).float()
+        elif targets is not None:
+            teacher_logits = targets
+        else:
+            raise ValueError("distillation without a teacher needs the batch's targets (TrainLoader.targets)")
         t = self.temperature
         soft = F.kl_div(F.log_softmax(logits / t, 1), F.log_softmax(teacher_logits / t, 1), log_target=True,
                         reduction="batchmean")
@@ -152,8 +163,8 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
 
 def train_step(state: TrainState, micro_batches: list, loss_fn: Callable, device: torch.device, precision: Precision,
                grad_clip: float | None, loss_sum: torch.Tensor, correct: torch.Tensor) -> tuple[int, int]:
-    """One optimizer step. `micro_batches`: a list of (normalized, augmented inputs, labels) on the device, whose
-    gradients add up to the step, as if they were one batch. The summed loss and the correct predictions of the
+    """One optimizer step. `micro_batches`: a list of (normalized, augmented inputs, labels[, per-image targets]) on
+    the device, whose gradients add up to the step, as if they were one batch. The summed loss and the correct predictions of the
     images trained on are added to `loss_sum` and `correct`, device tensors that are not read here (reading them
     would wait for the device). Returns the count of images trained on and of images drawn (more with a selector).
     Nothing here waits for a CUDA device, except fp16's GradScaler, which reads its overflow check before stepping,
@@ -164,18 +175,18 @@ def train_step(state: TrainState, micro_batches: list, loss_fn: Callable, device
     # mean: what the ranks of a distributed run end a step with (distributed.average_buffers).
     found = [b.clone() for b in state.model.buffers()] if len(micro_batches) > 1 else None
     updated = []
-    for i, (inputs, labels) in enumerate(micro_batches, 1):
+    for i, (inputs, labels, *targets) in enumerate(micro_batches, 1):
         if found is not None:
             _set_buffers(state.model, found)
         drawn += len(labels)
         if state.selector is not None:
             with record_function("selection"):
-                inputs, labels = state.selector(inputs, labels)
+                inputs, labels, *targets = state.selector(inputs, labels, *targets)
         # The ranks average their gradients once a step, in the last micro-batch's backward pass.
         with state.no_sync() if i < len(micro_batches) else contextlib.nullcontext():
             with record_function("forward"), autocast(device, precision):
                 logits = state.forward(inputs)
-                loss = loss_fn(logits.float(), labels, inputs)
+                loss = loss_fn(logits.float(), labels, inputs, *targets)
             with record_function("backward"):
                 state.scaler.scale(loss / len(micro_batches)).backward()
         loss_sum += loss.detach() * len(labels)
@@ -245,7 +256,7 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
     keep their single view's logits. `progress` names a progress bar, shown on a terminal only. `batch_size`:
     EVAL_BATCH_CPU or EVAL_BATCH_ACCELERATOR by default."""
     model.eval()
-    batch_size = batch_size or (EVAL_BATCH_CPU if device.type == "cpu" else EVAL_BATCH_ACCELERATOR)
+    batch_size = batch_size or _eval_batch(device)
     view_args = dict(model=model, mean=mean, std=std, device=device, precision=precision, batch_size=batch_size,
                      channels_last=channels_last, progress=progress)
     if not tta or tta_share >= 1.0:
@@ -261,6 +272,20 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
     labels = labels.cpu()
     return {"loss": F.cross_entropy(logits, labels).item(), "acc": (predictions == labels).float().mean().item(),
             "predictions": predictions}
+
+
+@torch.no_grad()
+def tta_logits(model: nn.Module, images: torch.Tensor, mean, std, device: torch.device, precision: Precision,
+               channels_last: bool = True, progress: str | None = None) -> torch.Tensor:
+    """The fp32 TTA logits (tta_views' weighted sum) of every uint8 image, on the CPU: what `evaluate` with TTA
+    predicts from."""
+    model.eval()
+    return _view_logits(images, tta=True, model=model, mean=mean, std=std, device=device, precision=precision,
+                        batch_size=_eval_batch(device), channels_last=channels_last, progress=progress)
+
+
+def _eval_batch(device: torch.device) -> int:
+    return EVAL_BATCH_CPU if device.type == "cpu" else EVAL_BATCH_ACCELERATOR
 
 
 def _view_logits(images: torch.Tensor, tta: bool, model: nn.Module, mean, std, device: torch.device,

@@ -48,6 +48,7 @@ from cifarkit.training.engine import (
     TrainState,
     evaluate,
     train_one_epoch,
+    tta_logits,
 )
 from cifarkit.training.optim import build_ema, build_lookahead, build_optimizer, build_schedule, split_by_train_steps
 from cifarkit.training.tracking import git_source, open_tracker, require_mlflow
@@ -230,7 +231,8 @@ def prepare(recipe: Recipe, group: distributed.Group, device: torch.device) -> _
     if group.distributed:
         run_info["processes"] = {"world_size": group.world_size, "backend": torch.distributed.get_backend(),
                                  "images_per_rank_per_step": cfg.batch_size // group.world_size}
-    loss_fn = _loss(recipe, device, memory_format, run_info)  # after the model: the teacher's init draws random numbers
+    # After the model: the teacher's init draws random numbers.
+    loss_fn = _loss(recipe, loader, device, precision, memory_format, run_info)
     return _Setup(device, precision, memory_format, group, dataset, loader, val, test, state, loss_fn, run_info)
 
 
@@ -248,8 +250,10 @@ def _train(recipe: Recipe, setup: _Setup, out: Path, resumed: dict | None, start
         log.info(line)
     if "teacher" in setup.run_info:
         teacher = setup.run_info["teacher"]
-        log.info("distilling from %s (%s), temperature %g, weight %g", teacher["release"], teacher["model"],
-                 recipe.distill.temperature, recipe.distill.weight)
+        log.info("distilling from %s (%s), temperature %g, weight %g, targets %s", teacher["release"],
+                 teacher["model"], recipe.distill.temperature, recipe.distill.weight,
+                 f"the teacher's TTA logits of each image, computed in {teacher['targets_s']:.1f} s"
+                 if "targets_s" in teacher else "live, on each augmented batch")
     start_epoch, elapsed, train_time, best = 0, 0.0, 0.0, {"val_acc": -1.0, "epoch": None}
     if resumed is not None:
         checkpoint.restore_training(state, resumed)
@@ -513,7 +517,8 @@ def _build_selector(recipe: Recipe, loader: TrainLoader, device: torch.device, p
     return HardestSelector(state, cfg.select_fraction, cfg.select_proxy_every, cfg.label_smoothing, device, precision)
 
 
-def _loss(recipe: Recipe, device: torch.device, memory_format, run_info: dict) -> ClassificationLoss:
+def _loss(recipe: Recipe, loader: TrainLoader, device: torch.device, precision, memory_format,
+          run_info: dict) -> ClassificationLoss:
     distill = recipe.distill
     if distill.teacher is None:
         return ClassificationLoss(recipe.train.label_smoothing)
@@ -524,8 +529,14 @@ def _loss(recipe: Recipe, device: torch.device, memory_format, run_info: dict) -
         raise CifarkitError(f"teacher {folder} normalizes with mean {meta['mean']} / std {meta['std']}, the recipe "
                             f"with {recipe.data.mean} / {recipe.data.std}; set data.mean and data.std to the teacher's")
     run_info["teacher"] = {"release": portable(folder), "model": meta["model"]}
-    return DistillationLoss(teacher.to(device).to(memory_format=memory_format), distill.temperature, distill.weight,
-                            recipe.train.label_smoothing)
+    teacher = teacher.to(device).to(memory_format=memory_format)
+    if distill.targets == "tta":
+        started = time.perf_counter()
+        loader.targets = tta_logits(teacher, loader.images, recipe.data.mean, recipe.data.std, device, precision,
+                                    recipe.train.channels_last, progress="teacher's TTA targets").to(device)
+        run_info["teacher"]["targets_s"] = time.perf_counter() - started
+        teacher = None  # its work is done: the loader hands each batch its targets
+    return DistillationLoss(teacher, distill.temperature, distill.weight, recipe.train.label_smoothing)
 
 
 def _log_epoch(record: dict, writer) -> None:
