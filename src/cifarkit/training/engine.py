@@ -164,11 +164,11 @@ def train_one_epoch(state: TrainState, batches: Iterable, steps: int, batch_size
 def train_step(state: TrainState, micro_batches: list, loss_fn: Callable, device: torch.device, precision: Precision,
                grad_clip: float | None, loss_sum: torch.Tensor, correct: torch.Tensor) -> tuple[int, int]:
     """One optimizer step. `micro_batches`: a list of (normalized, augmented inputs, labels[, per-image targets]) on
-    the device, whose gradients add up to the step, as if they were one batch. The summed loss and the correct predictions of the
-    images trained on are added to `loss_sum` and `correct`, device tensors that are not read here (reading them
-    would wait for the device). Returns the count of images trained on and of images drawn (more with a selector).
-    Nothing here waits for a CUDA device, except fp16's GradScaler, which reads its overflow check before stepping,
-    and an EMA (torch's AveragedModel reads its count)."""
+    the device, whose gradients add up to the step, as if they were one batch. The summed loss and the correct
+    predictions of the images trained on are added to `loss_sum` and `correct`, device tensors that are not read
+    here (reading them would wait for the device). Returns the count of images trained on and of images drawn (more
+    with a selector). Nothing here waits for a CUDA device, except fp16's GradScaler, which reads its overflow check
+    before stepping, and an EMA (torch's AveragedModel reads its count)."""
     state.optimizer.zero_grad(set_to_none=True)
     seen = drawn = 0
     # Each micro-batch updates the BatchNorm statistics from where the step found them, and the step keeps their
