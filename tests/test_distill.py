@@ -6,10 +6,10 @@ from torch import nn
 
 from cifarkit import models
 from cifarkit.core.errors import CifarkitError
-from cifarkit.release import build
-from cifarkit.training import train
 from cifarkit.data.config import AugmentConfig, DataConfig
 from cifarkit.data.loader import TrainLoader
+from cifarkit.release import build
+from cifarkit.training import train
 from cifarkit.training.config import load_recipe
 from cifarkit.training.engine import ClassificationLoss, DistillationLoss
 
@@ -97,7 +97,8 @@ def test_a_recipe_with_a_teacher_trains_and_records_it(released, cifar_home, tmp
     assert yaml.safe_load((folder / "config.yaml").read_text())["training"]["distill"]["weight"] == 0.3
     card = (folder / "MODEL_CARD.md").read_text()
     assert (f"Distilled from the release at `{released.name}` (`simplecnn`): loss 0.7 x cross-entropy + 0.3 x the KL "
-            f"divergence from the teacher's soft targets (its logits on each augmented batch) at temperature 4.") in card
+            f"divergence from the teacher's soft targets (its logits on each augmented batch) at temperature 4."
+            ) in card
 
 
 def test_tta_targets_are_the_teachers_tta_logits_computed_once(released, cifar_home, tmp_path, monkeypatch):
