@@ -61,3 +61,21 @@ def test_help_and_argument_errors_do_not_import_torch():
     done = subprocess.run([sys.executable, "-m", "cifarkit", "train", "--epochs", "many"], capture_output=True,
                           text=True)
     assert done.returncode == 2 and "invalid number value: 'many'" in done.stderr
+
+
+def test_a_terminated_command_removes_its_temporary_folder_as_after_ctrl_c(tmp_path):
+    script = ("import sys, tempfile, time\n"
+              "from cifarkit.core.files import terminate_as_interrupt\n"
+              "try:\n"
+              "    with terminate_as_interrupt(), tempfile.TemporaryDirectory(dir=sys.argv[1]) as scratch:\n"
+              "        print(scratch, flush=True)\n"
+              "        time.sleep(60)\n"
+              "except KeyboardInterrupt as e:\n"
+              "    print(e, flush=True)\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    scratch = child.stdout.readline().strip()
+    assert os.path.isdir(scratch)
+    child.terminate()
+    assert child.stdout.readline().strip() == "stopped by SIGTERM"
+    assert child.wait(timeout=30) == 0
+    assert not os.path.exists(scratch) and not os.listdir(tmp_path)

@@ -5,7 +5,8 @@ Every write goes to a hidden temporary file beside the target, is fsync'ed, rena
 is fsync'ed so the rename itself survives a power cut. Temporary names carry the writer's process id, so the
 leftovers of a killed writer are recognised and removed by the next write of the same file.
 
-Also here, for both sides of the package (training and inference): where cifarkit keeps its caches, and file hashes.
+Also here, for both sides of the package (training and inference): where cifarkit keeps its caches, file hashes,
+and a stop by SIGTERM that cleans up as Ctrl-C does.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import os
 import re
 import secrets
 import shutil
+import signal
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -126,3 +129,22 @@ def portable(path: str | Path) -> str:
     otherwise just its name. Never an absolute path of this machine."""
     resolved, cwd = Path(path).resolve(), Path.cwd().resolve()
     return resolved.relative_to(cwd).as_posix() if resolved.is_relative_to(cwd) else resolved.name
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """Inside, SIGTERM (`kill`, a scheduler's stop) raises KeyboardInterrupt as Ctrl-C does, so that the `with` blocks
+    around the work run their exits: a temporary folder is removed and a child process is stopped, not left behind
+    by a process that vanished mid-statement. Only the main thread can handle a signal: elsewhere this changes
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("stopped by SIGTERM")
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

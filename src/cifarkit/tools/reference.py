@@ -81,7 +81,7 @@ import yaml
 from cifarkit.artifacts import weights
 from cifarkit.core import allocator, device
 from cifarkit.core.errors import CifarkitError, first_line
-from cifarkit.core.files import write_json
+from cifarkit.core.files import terminate_as_interrupt, write_json
 from cifarkit.data import cifar10
 from cifarkit.tools import equal_accuracy
 from cifarkit.tools.reference_drivers import (
@@ -500,7 +500,9 @@ def compare(*, files: dict[str, Path], references: list[str], runs: int, first_s
             write_json(json_path, result)
         return result
 
-    with tempfile.TemporaryDirectory(prefix="cifarkit-reference-") as scratch:
+    # A kill stops the comparison as Ctrl-C does: the rounds that finished are saved, and the scratch folder (the
+    # data copy and every run's folder, hundreds of MB) goes with the command.
+    with terminate_as_interrupt(), tempfile.TemporaryDirectory(prefix="cifarkit-reference-") as scratch:
         scratch = Path(scratch)
         data = scratch / "data"
         write_reference_data(data / "cifar10", subset)
