@@ -58,11 +58,11 @@ def _register(folder: Path, args) -> None:
 
 
 def cmd_compare(args) -> None:
-    from cifarkit.release.compare import compare
+    from cifarkit.release.compare import compare, holds_releases
     # Beside the releases of the one folder of releases named; otherwise (the shipped ones lie inside the package)
     # in the current folder.
     only = Path(args.releases[0]) if len(args.releases) == 1 else None
-    beside = only if only and only.is_dir() and not (only / "metrics.json").is_file() else Path()
+    beside = only if only and holds_releases(only) else Path()
     figure = Path(args.figure) if args.figure else beside / "comparison.png"
     print(compare(args.releases, figure))
     print(f"\nchart of the measured releases: {figure}")

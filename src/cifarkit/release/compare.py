@@ -28,6 +28,11 @@ SEED_CLAIMS = (
 NOT_STATED = "not stated"
 
 
+def holds_releases(path: Path) -> bool:
+    """Whether `path` names a folder of version_* releases rather than one release (which has its metrics.json)."""
+    return path.is_dir() and not (path / METRICS_NAME).is_file()
+
+
 def selected_releases(names: list[str] | None) -> list[Path]:
     """The release folders `names` mean, in their order: each a version name, a release folder, or a folder of
     version_* releases (all of them). With none, every release a version name reaches."""
@@ -36,7 +41,7 @@ def selected_releases(names: list[str] | None) -> list[Path]:
     folders = []
     for name in names:
         path = Path(name)
-        if path.is_dir() and not (path / METRICS_NAME).is_file():
+        if holds_releases(path):
             found = [folder for folder in versions(path).values() if (folder / METRICS_NAME).is_file()]
             if not found:
                 raise CifarkitError(f"no releases (version_*/{METRICS_NAME}) under {path}; write one with "
