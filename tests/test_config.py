@@ -5,7 +5,7 @@ import pytest
 from cifarkit.cli import main
 from cifarkit.cli.common import DEFAULT_RECIPE
 from cifarkit.core.errors import CifarkitError
-from cifarkit.training.config import builtin_recipes, explain, load_recipe
+from cifarkit.training.config import INHERITED, builtin_recipes, explain, load_recipe, recipe_chain
 from conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -125,7 +125,8 @@ def test_recipes_name_prints_every_value_on_one_line_with_its_reason(path, capsy
 @RECIPES
 def test_recipe_comments_are_a_short_header_and_one_plain_reason_per_value(path):
     _, header, rows = explain(str(path))
-    reasons = [reason for _, _, reason in rows if reason]
+    inherited = tuple(f"{INHERITED} {base.stem}: " for base in recipe_chain(str(path))[:-1])
+    reasons = [reason for _, _, reason in rows if reason and not reason.startswith(inherited)]
     # Any other comment (evidence above a key, a note on a section) would be one that `cifarkit recipes` never shows.
     assert sum(bool(re.search(r"(^|\s)#", line)) for line in path.read_text().splitlines()) == len(header + reasons)
     assert [comment for comment in header + reasons if EVIDENCE.search(comment)] == []
@@ -165,3 +166,28 @@ def test_recipes_fast_shows_the_default_recipe_and_its_reasons(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("fast (default): FastNet")
     assert "optim.momentum = 0.825  # the record's: short runs prefer less momentum than the usual" in lines
+
+
+def test_a_recipe_on_a_base_is_the_base_with_its_own_values_and_reasons_on_top(tmp_path, capsys):
+    child = tmp_path / "longer.yaml"
+    child.write_text("# Fast, longer.\nbase: fast\ntrain:\n  epochs: 9  # longer\n")
+    grandchild = tmp_path / "wider.yaml"
+    grandchild.write_text("# Longer, translated further.\nbase: longer.yaml\n"
+                          "data:\n  augment:\n    translate: 3  # more\n")
+    fast = load_recipe("fast")
+    recipe = load_recipe(str(grandchild), ["train.seed=4"])
+    assert (recipe.name, recipe.train.epochs, recipe.data.augment.translate, recipe.train.seed) == ("wider", 9, 3, 4)
+    assert (recipe.optim, recipe.description) == (fast.optim, fast.description)
+    _, header, rows = explain(str(grandchild))
+    reasons = {key: reason for key, _, reason in rows}
+    assert header == ["Longer, translated further."]
+    assert (reasons["data.augment.translate"], reasons["train.epochs"]) == ("more", "from longer: longer")
+    assert reasons["optim.momentum"] == "from fast: the record's: short runs prefer less momentum than the usual"
+    assert reasons["train.grad_clip"] is None
+
+    child.write_text("base: wider.yaml\n")
+    with pytest.raises(CifarkitError, match="names base 'wider.yaml', which leads back to itself; break the loop"):
+        load_recipe(str(grandchild))
+    child.write_text("base: fastest\n")
+    with pytest.raises(CifarkitError, match="names base 'fastest', which is neither a built-in recipe .* nor a file"):
+        load_recipe(str(grandchild))

@@ -341,13 +341,31 @@ def recipe_path(name_or_path: str) -> Path:
     raise CifarkitError(f"unknown recipe {name_or_path!r}; choose from {', '.join(sorted(known))} or give a YAML path")
 
 
+def recipe_chain(name_or_path: str) -> list[Path]:
+    """The recipe's file after the files its `base:` names, base first: a recipe that says `base: fast` is `fast`
+    with the values it sets on top. A base is a built-in name or a path relative to the file that names it."""
+    chain = [recipe_path(name_or_path)]
+    while (base := _read_yaml(chain[0]).get("base")) is not None:
+        base = str(base)
+        path = builtin_recipes().get(base) or chain[0].parent / base
+        if not path.exists():
+            raise CifarkitError(f"recipe {chain[0]} names base {base!r}, which is neither a built-in recipe "
+                                f"({', '.join(sorted(builtin_recipes()))}) nor a file beside it")
+        if path.resolve() in {p.resolve() for p in chain}:
+            raise CifarkitError(f"recipe {chain[0]} names base {base!r}, which leads back to itself; break the loop")
+        chain.insert(0, path)
+    return chain
+
+
 def load_recipe(name_or_path: str, overrides: list[str] | tuple = ()) -> Recipe:
-    """Load a built-in recipe by name, or a YAML file by path, then apply `key=value` overrides in order."""
-    path = recipe_path(name_or_path)
+    """Load a built-in recipe by name, or a YAML file by path (after its base, if it names one), then apply
+    `key=value` overrides in order."""
     recipe = Recipe()
-    data = _read_yaml(path)
-    data.setdefault("name", path.stem)
-    _apply(recipe, data)
+    for path in recipe_chain(name_or_path):
+        data = _read_yaml(path)
+        data.pop("base", None)
+        data.setdefault("name", path.stem)
+        _apply(recipe, data)
     for text in overrides:
         _apply(recipe, nest(*parse_override(text)))
     _check_ranges(recipe)
@@ -372,18 +390,27 @@ def to_dict(recipe: Recipe) -> dict:
     return plain(dataclasses.asdict(recipe))
 
 
+INHERITED = "from"
+
+
 def explain(name_or_path: str) -> tuple[Recipe, list[str], list[tuple[str, object, str | None]]]:
     """(the recipe, its file's opening comment lines, (dotted key, resolved value, reason) for every field).
 
     A reason is the comment on the line where the file sets the key's value, "" for a key the file sets without one,
     None for a field the file leaves at its default. A recipe gives each value one line of reason, on that line:
-    comment lines elsewhere below the opening ones are not read.
+    comment lines elsewhere below the opening ones are not read. A value a recipe takes from its base keeps the
+    base's reason, after INHERITED and the base's name.
     """
-    path = recipe_path(name_or_path)
+    chain = recipe_chain(name_or_path)
     recipe = load_recipe(name_or_path)
-    text = path.read_text()
+    reasons = {}
+    for path in chain:
+        text = path.read_text()
+        own = _reasons(yaml.compose(text, Loader=yaml.SafeLoader), text)
+        if path != chain[-1]:
+            own = {key: f"{INHERITED} {path.stem}: {reason}" if reason else reason for key, reason in own.items()}
+        reasons.update(own)
     header = [line[1:].strip() for line in itertools.takewhile(lambda line: line.startswith("#"), text.splitlines())]
-    reasons = _reasons(yaml.compose(text, Loader=yaml.SafeLoader), text)
     rows = [(key, value, reasons.get(key))
             for key, value in flatten(dataclasses.asdict(recipe)).items() if key not in ("name", "description")]
     return recipe, header, rows
