@@ -1,7 +1,7 @@
 """Gather finished validation runs (`cifarkit train ... --set data.val_split=N`) into one results file.
 
     python lab/collect_validation_runs.py runs/b-tta-w07-45 runs/b-deephalf-45 --recipe fast \
-        --json results/validation-distill-b-amx.json
+        --json results/candidates-B-amx.json
 
 Long runs chosen between one at a time (a distilled release B, 30 minutes a run here) are trained with
 `cifarkit train`, not in a `cifarkit tune` study; this records what each run did differently from the recipe, and

@@ -5,6 +5,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from cifarkit import models
+from cifarkit.artifacts.releases import SHIPPED
 from cifarkit.core.errors import CifarkitError
 from cifarkit.data.config import AugmentConfig, DataConfig
 from cifarkit.data.loader import TrainLoader
@@ -134,3 +135,13 @@ def test_a_teacher_with_other_normalization_is_refused(released, cifar_home, tmp
 def test_the_distill_recipe_without_a_teacher_is_the_plain_student():
     recipe = load_recipe("distill", ["distill.teacher=null"])
     assert recipe.distill.teacher is None and recipe.model.name == "simplecnn"
+
+
+@pytest.mark.unit
+def test_release_b_recipe_is_a_single_view_student_of_a_with_at_most_a_third_of_its_macs():
+    """Issue 66's bounds on release B's recipe, read from the shipped A rather than typed: its student costs at most a
+    third of A's MACs per image, and its run reports the single view that `Classifier.predict` computes."""
+    recipe = load_recipe("distill-b")
+    teacher = yaml.safe_load((SHIPPED / "version_A" / "config.yaml").read_text())["model"]
+    assert recipe.distill.teacher == "A" and recipe.distill.targets == "tta" and not recipe.train.tta
+    assert 3 * models.count_macs(models.create(recipe.model.name)) <= teacher["macs"]
