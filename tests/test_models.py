@@ -24,6 +24,7 @@ EXPECTED_PARAMS = {"cifar10net": (815_018, 815_018), "simplecnn": (113_738, 113_
                    "fastnet": (fastnet_params(64, 256, 256),) * 2,
                    "fastnet_wide": (fastnet_params(128, 384, 384),) * 2,
                    "fastnet_deep": (fastnet_params(128, 384, 512, depth=3),) * 2,
+                   "fastnet_deep_half": (fastnet_params(64, 192, 256, depth=3),) * 2,
                    "fastnet_proxy": (fastnet_params(32, 64, 64),) * 2}
 
 
@@ -67,7 +68,7 @@ def test_norm_momentum_replaces_each_models_own_in_every_batchnorm():
 @pytest.mark.unit
 def test_unknown_model_lists_the_choices():
     with pytest.raises(CifarkitError, match="unknown model 'resnet50'; choose from cifar10net, fastnet, fastnet_deep, "
-                                             "fastnet_proxy, fastnet_wide, resnet18, simplecnn"):
+                                             "fastnet_deep_half, fastnet_proxy, fastnet_wide, resnet18, simplecnn"):
         models.create("resnet50")
 
 

@@ -59,6 +59,7 @@ from cifarkit.inference.classifier import Classifier
 from cifarkit.release import export
 from cifarkit.release.card import model_card
 from cifarkit.tools import benchmark
+from cifarkit.tools.speedrun import SPEED_RUN_SETTINGS
 from cifarkit.training.config import flatten, load_recipe, recipe_from_dict, to_dict
 from cifarkit.training.engine import evaluate, per_class_accuracy
 
@@ -68,7 +69,10 @@ SECONDS_PER_SAMPLE = 0.5  # several batches of 256 per sample even on 2 cores, s
 # renameat2(2) from <linux/fs.h> and <fcntl.h>: swap two paths in one step
 RENAME_EXCHANGE = 2
 AT_FDCWD = -100
-SET_PER_SPEEDRUN_RUN = ("train.seed", "train.eval_every")  # differ between a speedrun's runs, by design
+# Differ between a speedrun's runs, by design, or between them and a `cifarkit train` of the same recipe: a speedrun
+# sets SPEED_RUN_SETTINGS on each of its runs, which are released from the speedrun's own folder as often as not.
+SET_PER_SPEEDRUN_RUN = ("train.seed", "train.eval_every",
+                        *(setting.partition("=")[0] for setting in SPEED_RUN_SETTINGS))
 
 
 def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weights_dtype: str = "fp32",
