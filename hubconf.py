@@ -3,7 +3,7 @@
     import torch
     classifier = torch.hub.load("path/to/cifarkit", "version_a", source="local")   # then classifier.predict(image)
     model = torch.hub.load("path/to/cifarkit", "fastnet", source="local")            # untrained
-    model = torch.hub.load("path/to/cifarkit", "fastnet", source="local", release="B")   # release B's weights
+    model = torch.hub.load("path/to/cifarkit", "fastnet_deep_half", source="local", release="B")  # B's weights
 
 A clone works without installing the package: its `src` folder goes on the import path. Each release holds the
 weights of one architecture (`torch.hub.help(..., "version_a")` names it).

@@ -43,7 +43,7 @@ def run_record(folder: Path, recipe: dict) -> dict:
     summary = json.loads((folder / "summary.json").read_text())
     run = config.get("run", {})
     return {
-        "run": folder.name,
+        "folder": folder.name,
         "overrides": overrides_of({k: v for k, v in config.items() if k != "run"}, recipe),
         "seed": config["train"]["seed"],
         "val_split": config["data"]["val_split"],
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     write_json(args.json, result)
     for r in records:
-        print(f"{r['run']}: val {100 * r['val_acc']:.2f}% (seed {r['seed']}), {r['wall_time_s'] / 60:.1f} min, "
+        print(f"{r['folder']}: val {100 * r['val_acc']:.2f}% (seed {r['seed']}), {r['wall_time_s'] / 60:.1f} min, "
               f"{' '.join(r['overrides'])}")
 
 

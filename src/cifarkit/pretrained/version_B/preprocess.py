@@ -6,12 +6,13 @@ std, so the preprocessing ships with the weights and runs without cifarkit or to
     from preprocess import preprocess
     x = preprocess("dog.png")          # (3, 32, 32) float32, ready for ONNX Runtime after x[None]
 
-Accepted inputs: a file path, the bytes of an image file, a PIL image, a numpy array (H x W, H x W x 1/3/4; uint8, uint16 or float in [0, 1])
-or a torch tensor (C x H x W or H x W, uint8 or float in [0, 1]), of any size. Grayscale, palette, RGBA and 16-bit
-images become RGB; resizing is antialiased. Anything else raises ValueError naming the problem.
+Accepted inputs: a file path, the bytes of an image file, a PIL image, a numpy array (H x W, H x W x 1/3/4; uint8,
+uint16 or float in [0, 1]) or a torch tensor (C x H x W or H x W, uint8 or float in [0, 1]), of any size. Grayscale,
+palette, RGBA and 16-bit images become RGB; resizing is antialiased. Anything else raises ValueError naming the
+problem.
 
-Image files (and bytes): a file of more than MAX_PIXELS pixels (2**26, about 67 million, e.g. 9248 x 6936) is refused from its
-header, before any pixel is decoded. The EXIF orientation is applied, so a phone photo is not seen sideways; an
+Image files (and bytes): a file of more than MAX_PIXELS pixels (2**26, about 67 million, e.g. 9248 x 6936) is refused
+from its header, before any pixel is decoded. The EXIF orientation is applied, so a phone photo is not seen sideways; an
 animated GIF, APNG or WebP gives its first frame; a large JPEG is decoded at 1/2, 1/4 or 1/8 scale (DCT scaling)
 before the antialiased resize. Every way a file can fail (missing, a folder, empty, not an image, truncated,
 corrupt, too large) is one ValueError naming the file. A PIL image is taken as it is: no EXIF, frame or size rule.
