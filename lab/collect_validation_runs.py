@@ -22,16 +22,14 @@ import yaml
 
 from cifarkit.core import device
 from cifarkit.core.files import write_json
+from cifarkit.tools.tune import override
 from cifarkit.training.config import flatten, load_recipe, to_dict
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def overrides_of(config: dict, recipe: dict) -> list[str]:
     """The recipe keys whose value in the run's config differs from the recipe's, as `--set` would write them."""
     ran, base = flatten(config), flatten(recipe)
-    return [f"{key}={json.dumps(value) if isinstance(value, (list, bool)) else value}"
-            for key, value in ran.items() if key in base and base[key] != value]
+    return [override(key, value) for key, value in ran.items() if key in base and base[key] != value]
 
 
 def run_record(folder: Path, recipe: dict) -> dict:
