@@ -125,7 +125,7 @@ def test_recipes_name_prints_every_value_on_one_line_with_its_reason(path, capsy
 @RECIPES
 def test_recipe_comments_are_a_short_header_and_one_plain_reason_per_value(path):
     _, header, rows = explain(str(path))
-    inherited = tuple(f"{INHERITED} {base.stem}: " for base in recipe_chain(str(path))[:-1])
+    inherited = tuple(f"{INHERITED} {base.stem}: " for base, _ in recipe_chain(str(path))[:-1])
     reasons = [reason for _, _, reason in rows if reason and not reason.startswith(inherited)]
     # Any other comment (evidence above a key, a note on a section) would be one that `cifarkit recipes` never shows.
     assert sum(bool(re.search(r"(^|\s)#", line)) for line in path.read_text().splitlines()) == len(header + reasons)

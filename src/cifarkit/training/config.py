@@ -341,31 +341,35 @@ def recipe_path(name_or_path: str) -> Path:
     raise CifarkitError(f"unknown recipe {name_or_path!r}; choose from {', '.join(sorted(known))} or give a YAML path")
 
 
-def recipe_chain(name_or_path: str) -> list[Path]:
-    """The recipe's file after the files its `base:` names, base first: a recipe that says `base: fast` is `fast`
-    with the values it sets on top. A base is a built-in name or a path relative to the file that names it."""
-    chain = [recipe_path(name_or_path)]
-    while (base := _read_yaml(chain[0]).get("base")) is not None:
+def recipe_chain(name_or_path: str) -> list[tuple[Path, dict]]:
+    """(file, its values without `base`) of the recipe and of the files its `base:` names, base first: a recipe that
+    says `base: fast` is `fast` with the values it sets on top. A base is a built-in name or a path relative to the
+    file that names it."""
+    path = recipe_path(name_or_path)
+    chain = [(path, _read_yaml(path))]
+    while (base := chain[0][1].pop("base", None)) is not None:
         base = str(base)
-        path = builtin_recipes().get(base) or chain[0].parent / base
+        path = builtin_recipes().get(base) or chain[0][0].parent / base
         if not path.exists():
-            raise CifarkitError(f"recipe {chain[0]} names base {base!r}, which is neither a built-in recipe "
+            raise CifarkitError(f"recipe {chain[0][0]} names base {base!r}, which is neither a built-in recipe "
                                 f"({', '.join(sorted(builtin_recipes()))}) nor a file beside it")
-        if path.resolve() in {p.resolve() for p in chain}:
-            raise CifarkitError(f"recipe {chain[0]} names base {base!r}, which leads back to itself; break the loop")
-        chain.insert(0, path)
+        if path.resolve() in {p.resolve() for p, _ in chain}:
+            raise CifarkitError(f"recipe {chain[0][0]} names base {base!r}, which leads back to itself; break the "
+                                "loop")
+        chain.insert(0, (path, _read_yaml(path)))
     return chain
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | tuple = ()) -> Recipe:
     """Load a built-in recipe by name, or a YAML file by path (after its base, if it names one), then apply
     `key=value` overrides in order."""
+    return _resolved(recipe_chain(name_or_path), overrides)
+
+
+def _resolved(chain: list[tuple[Path, dict]], overrides: list[str] | tuple = ()) -> Recipe:
     recipe = Recipe()
-    for path in recipe_chain(name_or_path):
-        data = _read_yaml(path)
-        data.pop("base", None)
-        data.setdefault("name", path.stem)
-        _apply(recipe, data)
+    for path, data in chain:
+        _apply(recipe, {"name": path.stem, **data})
     for text in overrides:
         _apply(recipe, nest(*parse_override(text)))
     _check_ranges(recipe)
@@ -402,12 +406,12 @@ def explain(name_or_path: str) -> tuple[Recipe, list[str], list[tuple[str, objec
     base's reason, after INHERITED and the base's name.
     """
     chain = recipe_chain(name_or_path)
-    recipe = load_recipe(name_or_path)
+    recipe = _resolved(chain)
     reasons = {}
-    for path in chain:
+    for path, _ in chain:
         text = path.read_text()
         own = _reasons(yaml.compose(text, Loader=yaml.SafeLoader), text)
-        if path != chain[-1]:
+        if path != chain[-1][0]:
             own = {key: f"{INHERITED} {path.stem}: {reason}" if reason else reason for key, reason in own.items()}
         reasons.update(own)
     header = [line[1:].strip() for line in itertools.takewhile(lambda line: line.startswith("#"), text.splitlines())]
