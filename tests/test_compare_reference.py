@@ -6,6 +6,7 @@ comparison takes hours on this CPU. The README block rendered from these files i
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime, timedelta
 
 import pytest
@@ -132,6 +133,16 @@ def test_a_stopped_command_keeps_the_rounds_that_finished():
         reference.complete_rounds(rounds, ["cifarkit", "airbench94_muon"], 3, 0, dies_in_round_two,
                                   save=lambda: saved.append([r["seed"] for r in rounds]), commit="a958d0b")
     assert saved == [[0]] and len(rounds) == 1
+
+
+def test_a_round_is_saved_before_its_lines_announce_it(caplog):
+    # A kill sent as "round N:" appears (a watcher stopping after a round) must find round N on disk.
+    rounds, events = [], []
+    with caplog.at_level(logging.INFO, logger=reference.log.name):
+        reference.complete_rounds(rounds, ["cifarkit", "airbench94_muon"], 1, 0, fake_side,
+                                  save=lambda: events.append(("saved", len(caplog.records))), commit="a958d0b")
+    announced = [i for i, r in enumerate(caplog.records) if r.getMessage().startswith("round 1: cifarkit")]
+    assert announced and events == [("saved", announced[0])]
 
 
 def test_rounds_are_kept_only_from_the_same_comparison(tmp_path):

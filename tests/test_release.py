@@ -17,6 +17,7 @@ from PIL import Image
 
 from cifarkit import models
 from cifarkit.artifacts import weights
+from cifarkit.artifacts.releases import SHIPPED
 from cifarkit.cli import main
 from cifarkit.core.errors import CifarkitError
 from cifarkit.data import cifar10
@@ -184,6 +185,20 @@ def test_compare_prints_a_table_and_draws_a_chart(released, tmp_path, capsys):
     assert "no releases (version_*/metrics.json) under" in capsys.readouterr().err
     assert main(["compare", str(released), "nope"]) == 2
     assert "no weights at nope" in capsys.readouterr().err
+
+
+def test_compare_says_which_evaluation_each_spread_over_seeds_took(tmp_path, capsys):
+    # A's recipe evaluates with TTA and B's with one view: each spread is labelled with its own, from its config.
+    assert main(["compare", "A", "B", "--figure", str(tmp_path / "cmp.png")]) == 0
+    cells = {line.split(" | ")[0]: line.split(" | ")[7] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| A |") or line.startswith("| B |")}
+    for version, label in (("A", "TTA"), ("B", "single view")):
+        folder = SHIPPED / f"version_{version}"
+        tta = yaml.safe_load((folder / "config.yaml").read_text())["training"]["train"]["tta"]
+        assert tta == (label == "TTA")
+        spread = json.loads((folder / "metrics.json").read_text())["speedrun"]
+        assert cells[f"| {version}"] == (f"n = {spread['n']}: {100 * spread['mean']:.2f}% +- "
+                                         f"{100 * spread['std']:.2f}, {label}")
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "exported", "torchscript"])

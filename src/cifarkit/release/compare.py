@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from cifarkit import models
 from cifarkit.artifacts.releases import (
     METRICS_NAME,
@@ -59,18 +61,15 @@ def selected_releases(names: list[str] | None) -> list[Path]:
 def compare(names: list[str] | None = None, figure: Path | None = None) -> str:
     """The markdown table of the releases `names` select (see `selected_releases`) with the seed's two claimed rows
     under them, and a PNG chart of the measured ones (default: comparison.png here)."""
-    releases = [json.loads((folder / METRICS_NAME).read_text()) for folder in selected_releases(names)]
+    folders = selected_releases(names)
+    releases = [json.loads((folder / METRICS_NAME).read_text()) for folder in folders]
     lines = ["| version | recipe | model | params | MACs / image | test acc | test acc TTA | seeds (mean +- std) | "
              "training time | img/s batch 1 | img/s batch 256 | inference on | weights |",
              "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|---:|"]
-    for m in releases:
-        s = m["speedrun"]
-        seeds = "n = 1"
-        if s and s["std"] is not None:
-            seeds = f"n = {s['n']}: {100 * s['mean']:.2f}% +- {100 * s['std']:.2f}"
+    for folder, m in zip(folders, releases):
         inf = m["inference"]
         lines.append(f"| {m['release']} | `{m['recipe']}` | `{m['model']}` | {m['params']:,} | {m['macs']:,} | "
-                     f"{100 * m['test_acc']:.2f}% | {100 * m['test_acc_tta']:.2f}% | {seeds} | "
+                     f"{100 * m['test_acc']:.2f}% | {100 * m['test_acc_tta']:.2f}% | {_seeds(folder, m)} | "
                      f"{m['training']['wall_time_s'] / 60:.1f} min ({m['training']['device']}) | "
                      f"{inf['images_per_s_batch1']:,.0f} | {inf['images_per_s_batch256']:,.0f} | "
                      f"{_inference_device(inf)}, {inf['default_backend']} | {m['weights_bytes'] / 1e6:.1f} MB |")
@@ -80,6 +79,17 @@ def compare(names: list[str] | None = None, figure: Path | None = None) -> str:
         f"\n\nseed A and seed B: seed 000's write-up, as it states them for an {SEED_DEVICE} (not measured here; "
         f"{NOT_STATED}: it gives no figure); their params and MACs are counted from the same architecture, "
         f"`{SEED_MODEL}`. cifarkit's rows are measured, their inference with each release's default backend.")
+
+
+def _seeds(folder: Path, metrics: dict) -> str:
+    """The spread over the recipe's seeds, and the evaluation it was taken with: a recipe that evaluates with TTA
+    (A's) has a spread above the single-view test acc column, and must not read as if it were that column's."""
+    spread = metrics["speedrun"]
+    if not spread or spread["std"] is None:
+        return "n = 1"
+    tta = yaml.safe_load((folder / "config.yaml").read_text())["training"]["train"]["tta"]
+    return (f"n = {spread['n']}: {100 * spread['mean']:.2f}% +- {100 * spread['std']:.2f}, "
+            f"{'TTA' if tta else 'single view'}")
 
 
 def _inference_device(inference: dict) -> str:

@@ -295,9 +295,9 @@ def complete_rounds(rounds: list[dict], sides: list[str], runs: int, first_seed:
                      100 * row["test_acc"], row["wall_time_s"], row["train_time_s"])
         rounds.append({"seed": seed, "order": order, "runs": rows, "commit": commit,
                        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        save()  # before the round's lines: a kill that follows the line they announce must not lose the round
         for line in round_lines(rounds, [side for side in sides if not side.startswith("cifarkit")]):
             log.info(line)
-        save()
 
 
 def side_summary(runs: list[dict]) -> dict:
