@@ -60,7 +60,7 @@ from cifarkit.release import export
 from cifarkit.release.card import model_card
 from cifarkit.tools import benchmark
 from cifarkit.tools.speedrun import SPEED_RUN_SETTINGS
-from cifarkit.training.config import flatten, load_recipe, recipe_from_dict, to_dict
+from cifarkit.training.config import flatten, load_recipe, parse_override, recipe_from_dict, to_dict
 from cifarkit.training.engine import evaluate, per_class_accuracy
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ AT_FDCWD = -100
 # Differ between a speedrun's runs, by design, or between them and a `cifarkit train` of the same recipe: a speedrun
 # sets SPEED_RUN_SETTINGS on each of its runs, which are released from the speedrun's own folder as often as not.
 SET_PER_SPEEDRUN_RUN = ("train.seed", "train.eval_every",
-                        *(setting.partition("=")[0] for setting in SPEED_RUN_SETTINGS))
+                        *(parse_override(setting)[0] for setting in SPEED_RUN_SETTINGS))
 
 
 def make_release(run_dir: Path, name: str, root: Path, force: bool = False, weights_dtype: str = "fp32",
