@@ -2,6 +2,7 @@
 current files only, with the accuracy beside every speed-up and in words when under 94%, the index of every file, and
 the history tables with each file marked current or superseded."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,23 @@ def test_the_readme_shows_current_files_only_and_says_when_the_mean_is_under_94(
     assert "seed 0 scored 93.80%" in quickstart and "which is under 94%" in quickstart
     history = result_tables.speedrun_table(folder)
     assert "superseded: the recipe changed since" in history and "| current |" in history
+
+
+@pytest.mark.unit
+def test_of_two_files_measured_the_same_day_the_later_one_speaks_with_its_verdict(folder):
+    """A morning speed run and an evening comparison on one processor: the row is the comparison's, to the second,
+    and says that its rounds are too few for the goals' verdict."""
+    fixture = Path(__file__).parent / "fixtures" / "compare-reference-subset.json"
+    speedrun = _speedrun("cpu", [0.941, 0.942], "2026-12-07")
+    comparison = {**json.loads(fixture.read_text()), "subset": None, "measured": "2026-12-07T22:23:28+00:00",
+                  "environment": speedrun["environment"],
+                  "verdict": "not judged: 5 of the 8 rounds a verdict needs; so far met"}
+    (folder / "speedrun-fast-morning.json").write_text(json.dumps(speedrun))
+    (folder / "compare-reference-evening.json").write_text(json.dumps(comparison))
+    block = results.expect_table(folder)
+    seconds = comparison["cifarkit"]["wall_time_s"]
+    assert f"{seconds / 60:.1f} min a run, whole process" in block and "speedrun-fast-morning.json" not in block
+    assert "1 round (the goals: not judged: 5 of the 8 rounds a verdict needs; so far met)" in block
 
 
 @pytest.mark.unit

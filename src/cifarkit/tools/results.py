@@ -78,14 +78,21 @@ def recorded_commit(data: dict) -> str | None:
     return f"{sha[:7]} {note}".strip()
 
 
-def recorded_date(data: dict) -> str | None:
-    """The day a file says it was measured: its own stamp, else the last of its runs' finishing times."""
+def recorded_time(data: dict) -> str | None:
+    """When a file says it was measured, as its ISO timestamp (UTC): its own stamp, else the last of its runs'
+    finishing times."""
     if data.get("measured"):
-        return data["measured"][:10]
+        return data["measured"]
     runs = data.get("runs")
     finished = [r["finished"] for r in runs if isinstance(r, dict) and r.get("finished")] if isinstance(runs, list) \
         else []
-    return max(finished)[:10] if finished else None
+    return max(finished) if finished else None
+
+
+def recorded_date(data: dict) -> str | None:
+    """The day a file says it was measured."""
+    time = recorded_time(data)
+    return time[:10] if time else None
 
 
 def commit_and_date(folder: Path, path: Path, data: dict) -> tuple[str, str]:
@@ -198,12 +205,12 @@ def _training_evidence(folder: Path, device: str) -> list[dict]:
     found = []
     for path, data in current_files(folder, "speedrun-fast*.json"):
         if _shipped_fast(data) and data["environment"].get("device", "cpu").split(":")[0] == device:
-            found.append({"path": path, "environment": data["environment"], "day": recorded_date(data),
+            found.append({"path": path, "environment": data["environment"], "time": recorded_time(data) or "",
                           "accuracies": [r["test_acc"] for r in data["runs"]], "seconds": data["wall_time_s"]["mean"],
                           "timer": "a run"})
     for path, data in current_files(folder, "compare-reference*.json"):
         if device == "cpu" and "references" in data and _shipped_fast(data):
-            found.append({"path": path, "environment": data["environment"], "day": recorded_date(data),
+            found.append({"path": path, "environment": data["environment"], "time": recorded_time(data) or "",
                           "accuracies": [r["test_acc"] for r in data["cifarkit"]["runs"]],
                           "seconds": data["cifarkit"]["wall_time_s"], "timer": "a run, whole process",
                           "comparison": data})
@@ -225,8 +232,9 @@ def _against_reference(comparison: dict | None) -> str:
         return "no reference timed on this processor yet"
     ours = [r["test_acc"] for r in comparison["cifarkit"]["runs"]]
     rounds = len(comparison.get("rounds", ours))
+    goals = f" (the goals: {comparison['verdict']})" if comparison.get("verdict") else ""
     return "; ".join([*(_against(name, side, ours) for name, side in comparison["references"].items()),
-                      f"{rounds} rounds"])
+                      f"{rounds} round{'s' if rounds != 1 else ''}{goals}"])
 
 
 def _against(name: str, side: dict, ours: list[float]) -> str:
@@ -263,8 +271,8 @@ def expect_table(folder: Path) -> str:
     for kind in (k for k in device.CPU_KINDS if k in KIND_NAMES):
         training = [e for e in _training_evidence(folder, "cpu") if cpu_kind_of(e["environment"]) == kind]
         if training:
-            latest = max(training, key=lambda e: e["day"])
-            comparison = next((e for e in sorted(training, key=lambda e: e["day"], reverse=True) if "comparison" in e
+            latest = max(training, key=lambda e: e["time"])  # to the second: two files of one day are not a tie
+            comparison = next((e for e in sorted(training, key=lambda e: e["time"], reverse=True) if "comparison" in e
                                and _machine(e["environment"]) == _machine(latest["environment"])), None)
             evidence = ", ".join(dict.fromkeys(_evidence(folder, e["path"]) for e in (latest, comparison) if e))
             lines.append(f"| {KIND_NAMES[kind]}: {_machine(latest['environment'])} | `cifarkit train` (`fast`) | "
@@ -287,7 +295,7 @@ def expect_table(folder: Path) -> str:
                        if (data := json.loads(path.read_text()))["environment"].get("device", "").startswith("cuda")}):
         measured = [e for e in _training_evidence(folder, "cuda") if e["environment"]["gpus"][0]["name"] == gpu]
         if measured:
-            latest = max(measured, key=lambda e: e["day"])
+            latest = max(measured, key=lambda e: e["time"])
             lines.append(f"| {gpu} | `cifarkit train` (`fast`) | {_accuracy_words(latest['accuracies'])}; "
                          f"{latest['seconds']:.1f} s {latest['timer']} | "
                          f"[{latest['path'].name}]({rel(folder, latest['path'])}) |")
@@ -324,7 +332,7 @@ def quickstart_text(folder: Path) -> str:
                    if _shipped_fast(data) and any(r["seed"] == 0 for r in data["runs"])]
     if not with_seed_0:
         return "No current speed run of `fast` yet: `cifarkit speedrun --recipe fast --runs 5` makes one."
-    path, data = max(with_seed_0, key=lambda item: recorded_date(item[1]))
+    path, data = max(with_seed_0, key=lambda item: recorded_time(item[1]) or "")
     first = next(r for r in data["runs"] if r["seed"] == 0)
     reach = "reaches" if first["test_acc"] >= ACCURACY_GOAL else "is under"
     return (f"On {hardware(data['environment'])}, seed 0 scored {100 * first['test_acc']:.2f}% in "
