@@ -201,6 +201,39 @@ def test_compare_says_which_evaluation_each_spread_over_seeds_took(tmp_path, cap
                                          f"{100 * spread['std']:.2f}, {label}")
 
 
+def test_compare_times_releases_side_by_side_where_one_command_timed_them_all(tmp_path, capsys):
+    # Each release's own img/s were taken when it was made, on a machine whose speed drifts: where one command timed
+    # every release on a CPU kind, those figures are the columns; where one release lacks that kind, its own stand.
+    for version in ("A", "B"):
+        shutil.copytree(SHIPPED / f"version_{version}", tmp_path / f"version_{version}")
+    def speeds(version, batch_1, batch_256, kinds):
+        path = tmp_path / f"version_{version}" / "metrics.json"
+        metrics = json.loads(path.read_text())
+        taken = {"measured_on": {"threads": 2, "cpu_features": ["avx2"]}, "measured": "2026-12-08T00:38:00+00:00",
+                 "throughput": [{"backend": "onnxruntime", "batch_size": 1, "images_per_s": batch_1},
+                                {"backend": "onnxruntime", "batch_size": 256, "images_per_s": batch_256},
+                                {"backend": "torch-fp32", "batch_size": 1, "images_per_s": batch_1 / 2},
+                                {"backend": "torch-fp32", "batch_size": 256, "images_per_s": batch_256 / 2}]}
+        metrics["inference"]["speed_by_cpu_kind"] = {kind: taken for kind in kinds}
+        path.write_text(json.dumps(metrics))
+        return metrics["inference"]
+    speeds("A", 111.0, 222.0, ["avx2"])
+    own_b = speeds("B", 333.0, 444.0, ["avx2"])
+    def rows():
+        assert main(["compare", str(tmp_path), "--figure", str(tmp_path / "cmp.png")]) == 0
+        out = capsys.readouterr().out
+        return {line.split(" | ")[0][2:]: line.split(" | ")[9:12] for line in out.splitlines()
+                if line.startswith(("| A |", "| B |"))}, out
+    cells, out = rows()
+    assert cells == {"A": ["111", "222", "avx2 CPU, 2 threads, onnxruntime"],
+                     "B": ["333", "444", "avx2 CPU, 2 threads, onnxruntime"]}
+    assert "timed on one CPU kind by one command" in out
+    speeds("B", 333.0, 444.0, ["avx512_bf16"])
+    cells, out = rows()
+    assert cells["B"][:2] == [f"{own_b['images_per_s_batch1']:,.0f}", f"{own_b['images_per_s_batch256']:,.0f}"]
+    assert "timed as each release was made" in out
+
+
 @pytest.mark.parametrize("fmt", ["onnx", "exported", "torchscript"])
 def test_export_matches_pytorch(released, cifar_home, tmp_path, fmt):
     target = tmp_path / "version_T"

@@ -14,6 +14,7 @@ from cifarkit.artifacts.releases import (
     versions,
 )
 from cifarkit.core.errors import CifarkitError
+from cifarkit.inference import backends
 from cifarkit.training import plots
 
 # Seed 000's two ResNet-18 releases as its write-up states them, trained and timed on an RTX 3090: claims, never
@@ -66,19 +67,46 @@ def compare(names: list[str] | None = None, figure: Path | None = None) -> str:
     lines = ["| version | recipe | model | params | MACs / image | test acc | test acc TTA | seeds (mean +- std) | "
              "training time | img/s batch 1 | img/s batch 256 | inference on | weights |",
              "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|---:|"]
+    together = _speeds_side_by_side(releases)
     for folder, m in zip(folders, releases):
         inf = m["inference"]
+        batch_1, batch_256, where = together.pop(0) if together else (
+            inf["images_per_s_batch1"], inf["images_per_s_batch256"],
+            f"{_inference_device(inf)}, {inf['default_backend']}")
         lines.append(f"| {m['release']} | `{m['recipe']}` | `{m['model']}` | {m['params']:,} | {m['macs']:,} | "
                      f"{100 * m['test_acc']:.2f}% | {100 * m['test_acc_tta']:.2f}% | {_seeds(folder, m)} | "
                      f"{m['training']['wall_time_s'] / 60:.1f} min ({m['training']['device']}) | "
-                     f"{inf['images_per_s_batch1']:,.0f} | {inf['images_per_s_batch256']:,.0f} | "
-                     f"{_inference_device(inf)}, {inf['default_backend']} | {m['weights_bytes'] / 1e6:.1f} MB |")
+                     f"{batch_1:,.0f} | {batch_256:,.0f} | {where} | {m['weights_bytes'] / 1e6:.1f} MB |")
     lines += _seed_rows()
     plots.release_comparison(releases, figure or Path("comparison.png"))
+    timed = ("timed on one CPU kind by one command, `python lab/measure_release_backends.py`, the releases one after "
+             "the other" if together is not None and len(releases) > 1 else "timed as each release was made")
     return "\n".join(lines) + (
         f"\n\nseed A and seed B: seed 000's write-up, as it states them for an {SEED_DEVICE} (not measured here; "
         f"{NOT_STATED}: it gives no figure); their params and MACs are counted from the same architecture, "
-        f"`{SEED_MODEL}`. cifarkit's rows are measured, their inference with each release's default backend.")
+        f"`{SEED_MODEL}`. cifarkit's rows are measured, their inference with each release's default backend, "
+        f"{timed}.")
+
+
+def _speeds_side_by_side(releases: list[dict]) -> list[tuple[float, float, str]] | None:
+    """Each release's img/s at batch 1 and 256 with its default backend, and where, from the CPU kind on which
+    `lab/measure_release_backends.py` last timed all of them; None where no kind has them all. A release's own
+    figures are taken when it is made, on a shared machine whose speed drifts by the hour: two releases made on
+    different days are not compared by them."""
+    tables = [m["inference"].get("speed_by_cpu_kind", {}) for m in releases]
+    common = set.intersection(*(set(t) for t in tables)) - {"cuda"} if tables else set()
+    if not common:
+        return None
+    kind = max(common, key=lambda k: min(t[k]["measured"] for t in tables))
+    speeds = []
+    for m, table in zip(releases, tables):
+        measured = table[kind]
+        backend = backends.choose(m, "cpu", measured["measured_on"]["cpu_features"]).backend
+        rows = {r["batch_size"]: r["images_per_s"] for r in measured["throughput"] if r["backend"] == backend}
+        if not {1, 256} <= rows.keys():
+            return None
+        speeds.append((rows[1], rows[256], f"{kind} CPU, {measured['measured_on']['threads']} threads, {backend}"))
+    return speeds
 
 
 def _seeds(folder: Path, metrics: dict) -> str:
