@@ -68,11 +68,10 @@ def compare(names: list[str] | None = None, figure: Path | None = None) -> str:
              "training time | img/s batch 1 | img/s batch 256 | inference on | weights |",
              "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|---:|"]
     together = _speeds_side_by_side(releases)
-    for folder, m in zip(folders, releases):
-        inf = m["inference"]
-        batch_1, batch_256, where = together.pop(0) if together else (
-            inf["images_per_s_batch1"], inf["images_per_s_batch256"],
-            f"{_inference_device(inf)}, {inf['default_backend']}")
+    speeds = together or [(m["inference"]["images_per_s_batch1"], m["inference"]["images_per_s_batch256"],
+                           f"{_inference_device(m['inference'])}, {m['inference']['default_backend']}")
+                          for m in releases]
+    for folder, m, (batch_1, batch_256, where) in zip(folders, releases, speeds):
         lines.append(f"| {m['release']} | `{m['recipe']}` | `{m['model']}` | {m['params']:,} | {m['macs']:,} | "
                      f"{100 * m['test_acc']:.2f}% | {100 * m['test_acc_tta']:.2f}% | {_seeds(folder, m)} | "
                      f"{m['training']['wall_time_s'] / 60:.1f} min ({m['training']['device']}) | "
