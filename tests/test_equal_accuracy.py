@@ -98,3 +98,17 @@ def test_the_verdict_reads_the_figure_at_equal_accuracy_and_waits_for_eight_roun
     slow = result(8, (130.0, 140.0, 150.0))
     assert slow["verdict"].startswith(f"not met: {MUON} 1.09x at equal accuracy, under 1.3x")
     assert result(3, (100.0, 110.0, 150.0))["verdict"] == "not judged: 3 of the 8 rounds a verdict needs; so far met"
+
+
+def test_a_verdict_prints_a_ratio_under_its_goal_as_under_it_and_says_where_its_interval_is_too_wide():
+    def judged(ratio: float, extrapolated: bool = False, interval: list[float] | None = None) -> str:
+        figure = {"defined": True, "extrapolated": extrapolated, "whole_process": {"ratio": ratio, "ci95": interval}}
+        return reference.verdict({MUON: {"equal_accuracy": figure}}, None, 8)
+    assert judged(1.2996) == f"not met: {MUON} 1.2996x at equal accuracy, under 1.3x"
+    assert judged(1.2949) == f"not met: {MUON} 1.29x at equal accuracy, under 1.3x"
+    assert judged(1.30) == "met"
+    assert judged(1.35, extrapolated=True) == (f"not met: {MUON} 1.35x at equal accuracy (extrapolated beyond the "
+                                               f"budgets), not a measurement")
+    assert judged(1.30, interval=[1.26, 1.34]) == "met"
+    assert judged(1.30, interval=[1.23, 1.36]) == (f"met; {MUON}'s interval 1.23-1.36 is +-0.07x, wider than +-0.05x: "
+                                                   f"about 14 rounds would narrow it to that")

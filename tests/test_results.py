@@ -55,18 +55,21 @@ def test_the_readme_shows_current_files_only_and_says_when_the_mean_is_under_94(
 @pytest.mark.unit
 def test_of_two_files_measured_the_same_day_the_later_one_speaks_with_its_verdict(folder):
     """A morning speed run and an evening comparison on one processor: the row is the comparison's, to the second,
-    and says that its rounds are too few for the goals' verdict."""
+    and its goals' verdict is today's code's words on the figures the file holds, not the words it was written with
+    (a ratio just under its goal once read "1.30x ..., under 1.3x")."""
     fixture = Path(__file__).parent / "fixtures" / "compare-reference-subset.json"
     speedrun = _speedrun("cpu", [0.941, 0.942], "2026-12-07")
     comparison = {**json.loads(fixture.read_text()), "subset": None, "measured": "2026-12-07T22:23:28+00:00",
-                  "environment": speedrun["environment"],
-                  "verdict": "not judged: 5 of the 8 rounds a verdict needs; so far met"}
+                  "environment": speedrun["environment"], "rounds": [{}] * 8,
+                  "verdict": "not met: airbench94_muon 1.30x at equal accuracy, under 1.3x"}
+    comparison["references"]["airbench94_muon"]["equal_accuracy"] = {
+        "defined": True, "extrapolated": False, "whole_process": {"ratio": 1.2996, "ci95": [1.26, 1.34]}}
     (folder / "speedrun-fast-morning.json").write_text(json.dumps(speedrun))
     (folder / "compare-reference-evening.json").write_text(json.dumps(comparison))
     block = results.expect_table(folder)
     seconds = comparison["cifarkit"]["wall_time_s"]
     assert f"{seconds / 60:.1f} min a run, whole process" in block and "speedrun-fast-morning.json" not in block
-    assert "1 round (the goals: not judged: 5 of the 8 rounds a verdict needs; so far met)" in block
+    assert "8 rounds (the goals: not met: airbench94_muon 1.2996x at equal accuracy, under 1.3x)" in block
 
 
 @pytest.mark.unit

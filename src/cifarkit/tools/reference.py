@@ -64,6 +64,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -108,6 +109,7 @@ SOURCE = Path(__file__).resolve().parents[2]  # the src/ folder of a checkout: t
 # The goals of issue 64: `fast` at least this many times as fast as each reference, at equal accuracy.
 GOALS = {MUON: 1.3, RECORD: 1.25}
 ROUNDS_FOR_A_VERDICT = 8  # fewer leave the equal-accuracy figure's interval wider than the goals' margins
+INTERVAL_HALF_WIDTH = 0.05  # past 8 rounds, the issue asks for more where the interval is wider than +-0.05x
 ACCURACY_MARK = 0.94  # the time to this mean accuracy is reported beside the speed-ups
 TIMERS = {"whole_process": "launch to exit, imports included",
           "training": "each side's own clock over its training steps"}
@@ -343,6 +345,12 @@ def summarize(rounds: list[dict], references: list[str], files: dict[str, Path],
     return summary
 
 
+def _short_of(ratio: float, goal: float) -> str:
+    """A ratio under its goal, with the digits that show it under: 1.297x, never 1.30x, against 1.3x."""
+    digits = next((digits for digits in range(2, 6) if round(ratio, digits) < goal), 6)
+    return f"{ratio:.{digits}f}x"
+
+
 def _shortfall(name: str, reference: dict) -> str | None:
     """Why `fast` misses its goal against one reference, None where it meets it: at equal accuracy where the
     comparison bracketed the reference's accuracy, else at its own budget and no less accurate on the mean."""
@@ -353,9 +361,12 @@ def _shortfall(name: str, reference: dict) -> str | None:
             return f"{name}: no figure at equal accuracy ({figure['why']})"
         ratio = figure["whole_process"]["ratio"]
         extended = " (extrapolated beyond the budgets)" if figure["extrapolated"] else ""
-        return f"{name} {ratio:.2f}x at equal accuracy{extended}, under {goal}x" if ratio < goal or extended else None
+        if ratio < goal:
+            return f"{name} {_short_of(ratio, goal)} at equal accuracy{extended}, under {goal}x"
+        # Above the goal only beyond the budgets timed: a line's end is no measurement.
+        return f"{name} {ratio:.2f}x at equal accuracy{extended}, not a measurement" if extended else None
     speedup, difference = reference["speedup"]["whole_process"]["mean"], reference["accuracy_difference"]["difference"]
-    shortfalls = ([f"{speedup:.2f}x as fast, under {goal}x"] if speedup < goal else []) + (
+    shortfalls = ([f"{_short_of(speedup, goal)} as fast, under {goal}x"] if speedup < goal else []) + (
         [f"mean accuracy {-100 * difference:.2f} points lower"] if difference < 0 else [])
     return f"{name}: " + " and ".join(shortfalls) if shortfalls else None
 
@@ -372,7 +383,21 @@ def verdict(references: dict, subset: int | None, rounds: int) -> str:
     brackets = any("equal_accuracy" in references[name] for name in judged)
     if brackets and rounds < ROUNDS_FOR_A_VERDICT:
         return f"not judged: {rounds} of the {ROUNDS_FOR_A_VERDICT} rounds a verdict needs; so far {found}"
-    return found
+    wide = [why for why in (_too_wide(name, references[name], rounds) for name in judged) if why]
+    return found + (f"; {'; '.join(wide)}" if wide else "")
+
+
+def _too_wide(name: str, reference: dict, rounds: int) -> str | None:
+    """Where the equal-accuracy figure's interval is wider than +-INTERVAL_HALF_WIDTH: how wide, and about how many
+    rounds would narrow it to that (a bootstrap interval narrows as one over the root of the rounds)."""
+    figure = reference.get("equal_accuracy") or {}
+    interval = figure.get("whole_process", {}).get("ci95") if figure.get("defined") else None
+    if not interval or (interval[1] - interval[0]) / 2 <= INTERVAL_HALF_WIDTH:
+        return None
+    half_width = (interval[1] - interval[0]) / 2
+    needed = math.ceil(rounds * (half_width / INTERVAL_HALF_WIDTH) ** 2)
+    return (f"{name}'s interval {interval[0]:.2f}-{interval[1]:.2f} is +-{half_width:.2f}x, wider than "
+            f"+-{INTERVAL_HALF_WIDTH}x: about {needed} rounds would narrow it to that")
 
 
 def results(rounds: list[dict], settings: dict, environment: dict, command: str, files: dict[str, Path]) -> dict:

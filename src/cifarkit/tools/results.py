@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from cifarkit.core import device
+from cifarkit.tools import reference
 from cifarkit.tools.speedrun import difference_of_means, mean_with_t_interval
 
 ARCHIVE, PROVENANCE = "archive", "provenance.json"
@@ -232,7 +233,10 @@ def _against_reference(comparison: dict | None) -> str:
         return "no reference timed on this processor yet"
     ours = [r["test_acc"] for r in comparison["cifarkit"]["runs"]]
     rounds = len(comparison.get("rounds", ours))
-    goals = f" (the goals: {comparison['verdict']})" if comparison.get("verdict") else ""
+    # The verdict in the words of today's code, from the figures the file holds (it keeps the words of the code
+    # that ran the rounds).
+    goals = (f" (the goals: {reference.verdict(comparison['references'], comparison['subset'], rounds)})"
+             if comparison.get("verdict") else "")
     return "; ".join([*(_against(name, side, ours) for name, side in comparison["references"].items()),
                       f"{rounds} round{'s' if rounds != 1 else ''}{goals}"])
 
