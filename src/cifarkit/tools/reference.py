@@ -392,9 +392,9 @@ def _too_wide(name: str, reference: dict, rounds: int) -> str | None:
     rounds would narrow it to that (a bootstrap interval narrows as one over the root of the rounds)."""
     figure = reference.get("equal_accuracy") or {}
     interval = figure.get("whole_process", {}).get("ci95") if figure.get("defined") else None
-    if not interval or (interval[1] - interval[0]) / 2 <= INTERVAL_HALF_WIDTH:
+    half_width = (interval[1] - interval[0]) / 2 if interval else 0.0
+    if half_width <= INTERVAL_HALF_WIDTH:
         return None
-    half_width = (interval[1] - interval[0]) / 2
     needed = math.ceil(rounds * (half_width / INTERVAL_HALF_WIDTH) ** 2)
     return (f"{name}'s interval {interval[0]:.2f}-{interval[1]:.2f} is +-{half_width:.2f}x, wider than "
             f"+-{INTERVAL_HALF_WIDTH}x: about {needed} rounds would narrow it to that")
